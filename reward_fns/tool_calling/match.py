@@ -1,0 +1,229 @@
+r"""Score model calls against reference calls: BFCL's AST-checker rules, made continuous.
+
+Value rules (re-stated from BFCL's checker, re-implemented here):
+
+* a value is correct when it has the schema's type (see ``schema_types``) and
+  equals one of the argument's acceptable values;
+* strings compare after ``normalize_string`` (case, whitespace and the
+  characters ``, . / - _ * ^`` are ignored; single quotes count as double);
+* numbers compare by value (``5 == 5.0``); booleans only equal booleans;
+* lists compare element by element, same length, same order;
+* a dict pattern ``{key: [acceptable values]}`` accepts a dict whose every key
+  is in the pattern with an acceptable value and that omits only keys marked
+  optional by ``""``.
+
+Continuous score of model call ``c`` against reference call ``r``, with
+``P`` the argument names ``c`` gives, ``A`` those ``r`` knows, ``M ⊆ A`` the
+mandatory ones::
+
+    hits    = P ∩ A        missing = M \ P        extra = P \ A
+    s_name  = 1 if the names match else 0   (a "." may be written as "_")
+    s_args  = |hits| / (|hits| + |missing| + |extra|)       (1 when all empty)
+    s_value = |{a ∈ hits : value correct}| / |hits ∪ missing|   (1 when empty)
+    s(c, r) = (s_name + s_args + s_value) / 3
+
+Optional arguments left out cost nothing; extra arguments cost in ``s_args``;
+missing ones in both ``s_args`` and ``s_value``.
+
+Over all calls (parallel calls are unordered), with ``n`` model calls and ``m``
+reference calls, the best one-to-one assignment (Hungarian algorithm) gives::
+
+    tool_correctness = max_assignment Σ s(c, r) / max(n, m)
+
+so unmatched (missing or surplus) calls count 0. The score is 1 exactly when
+BFCL's checker would accept the answer, and lies in [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
+
+from reward_fns.tool_calling.parse import ToolCall
+from reward_fns.tool_calling.reference import OPTIONAL_MARKER, ReferenceCall, ToolCallingReference
+from reward_fns.tool_calling.schema_types import conforms_to_schema
+
+_IGNORED_STRING_CHARACTERS = re.compile(r"[\s,./\-_*^]")
+
+
+def normalize_string(text: str) -> str:
+    """Case-fold and drop the characters BFCL ignores when comparing strings.
+
+    Args:
+        text: a string argument value.
+
+    Returns:
+        Lower-cased text without whitespace or ``, . / - _ * ^``, single quotes as double.
+    """
+    return _IGNORED_STRING_CHARACTERS.sub("", text).lower().replace("'", '"')
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _matches_dict_pattern(value: Any, pattern: Mapping[str, Sequence[Any]]) -> bool:
+    """Every given key known and acceptable; every omitted key optional."""
+    if not isinstance(value, dict):
+        return False
+    for key, item in value.items():
+        if key not in pattern or not is_acceptable(item, pattern[key]):
+            return False
+    return all(OPTIONAL_MARKER in alternatives for key, alternatives in pattern.items() if key not in value)
+
+
+def matches_acceptable_value(value: Any, acceptable: Any) -> bool:
+    """Whether a model value equals one acceptable value under BFCL's comparison rules.
+
+    Args:
+        value: the model's value (JSON data).
+        acceptable: one acceptable value; a dict is a pattern, a list a literal.
+
+    Returns:
+        True when they match.
+    """
+    if isinstance(acceptable, Mapping):
+        return _matches_dict_pattern(value, acceptable)
+    if isinstance(acceptable, list):
+        return (
+            isinstance(value, list)
+            and len(value) == len(acceptable)
+            and all(matches_acceptable_value(item, expected) for item, expected in zip(value, acceptable, strict=True))
+        )
+    if isinstance(acceptable, str):
+        return isinstance(value, str) and normalize_string(value) == normalize_string(acceptable)
+    if isinstance(acceptable, bool):
+        return isinstance(value, bool) and value == acceptable
+    if _is_number(acceptable):
+        return _is_number(value) and value == acceptable
+    return bool(value is None and acceptable is None)
+
+
+def is_acceptable(value: Any, alternatives: Sequence[Any]) -> bool:
+    """Whether a value matches any of an argument's acceptable values."""
+    return any(matches_acceptable_value(value, alternative) for alternative in alternatives)
+
+
+def names_match(model_name: str, reference_name: str) -> bool:
+    """Exact match, or equal once dots are written as underscores (serving stacks often rename ``a.b``)."""
+    return model_name == reference_name or model_name.replace(".", "_") == reference_name.replace(".", "_")
+
+
+@dataclass(frozen=True)
+class CallScore:
+    """The three parts of one model call's score against one reference call.
+
+    Attributes:
+        name: 1.0 when the function names match.
+        argument_names: the argument-name overlap ``s_args``.
+        argument_values: the value accuracy ``s_value``.
+        problems: short human-readable reasons for every point lost.
+    """
+
+    name: float
+    argument_names: float
+    argument_values: float
+    problems: tuple[str, ...]
+
+    @property
+    def total(self) -> float:
+        """``(s_name + s_args + s_value) / 3``."""
+        return (self.name + self.argument_names + self.argument_values) / 3
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr`` cut to ``limit`` characters, so one huge argument cannot flood the verifier information."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _ratio(numerator: int, denominator: int) -> float:
+    # Nothing to get right means nothing got wrong.
+    return 1.0 if denominator == 0 else numerator / denominator
+
+
+def score_call(call: ToolCall, reference: ReferenceCall, properties: Mapping[str, Mapping[str, Any]]) -> CallScore:
+    """Score one model call against one reference call (formula in the module docstring).
+
+    Args:
+        call: the model's call.
+        reference: the expected call.
+        properties: the reference function's argument schemas (``{}`` when unknown).
+
+    Returns:
+        The score parts and the problems found.
+    """
+    given = set(call.arguments)
+    known = set(reference.acceptable_values)
+    hits, missing, extra = given & known, reference.mandatory - given, given - known
+    name_matches = names_match(call.name, reference.name)
+    problems = [] if name_matches else [f"called {call.name!r} instead of {reference.name!r}"]
+    problems += [f"{reference.name}: missing argument {name!r}" for name in sorted(missing)]
+    problems += [f"{reference.name}: unexpected argument {name!r}" for name in sorted(extra)]
+    correct = 0
+    for argument in sorted(hits):
+        value = call.arguments[argument]
+        if not conforms_to_schema(value, properties.get(argument, {})):
+            problems.append(f"{reference.name}.{argument}: wrong type {type(value).__name__}")
+        elif not is_acceptable(value, reference.acceptable_values[argument]):
+            problems.append(f"{reference.name}.{argument}: wrong value {_short(value)}")
+        else:
+            correct += 1
+    return CallScore(
+        name=1.0 if name_matches else 0.0,
+        argument_names=_ratio(len(hits), len(hits) + len(missing) + len(extra)),
+        argument_values=_ratio(correct, len(hits | missing)),
+        problems=tuple(problems),
+    )
+
+
+def _properties_of(reference: ToolCallingReference, name: str) -> Mapping[str, Mapping[str, Any]]:
+    """The argument schemas of function ``name``; empty when no schema was given."""
+    schema = reference.schema_for(name)
+    return schema.properties if schema is not None else {}
+
+
+@dataclass(frozen=True)
+class CallSetScore:
+    """The score of all model calls against all reference calls.
+
+    Attributes:
+        correctness: ``tool_correctness`` in [0, 1].
+        problems: reasons for every point lost, matched calls first.
+    """
+
+    correctness: float
+    problems: tuple[str, ...]
+
+
+def score_calls(calls: Sequence[ToolCall], reference: ToolCallingReference) -> CallSetScore:
+    """Score a set of model calls, matching them to reference calls in the best order.
+
+    Args:
+        calls: the model's calls (any order).
+        reference: the expected calls and function schemas.
+
+    Returns:
+        ``tool_correctness`` and the problems of the best assignment.
+    """
+    expected = reference.calls
+    if not calls:
+        return CallSetScore(correctness=0.0, problems=("no tool call",))
+    scores = [[score_call(call, ref, _properties_of(reference, ref.name)) for ref in expected] for call in calls]
+    totals = np.array([[score.total for score in row] for row in scores])
+    call_rows, reference_columns = linear_sum_assignment(totals, maximize=True)
+    matched = list(zip(call_rows.tolist(), reference_columns.tolist(), strict=True))
+    unmatched_calls = sorted(set(range(len(calls))) - set(call_rows.tolist()))
+    unmatched_references = sorted(set(range(len(expected))) - set(reference_columns.tolist()))
+    problems = [problem for row, column in matched for problem in scores[row][column].problems]
+    problems += [f"unexpected extra call {calls[row].name!r}" for row in unmatched_calls]
+    problems += [f"missing call {expected[column].name!r}" for column in unmatched_references]
+    # fsum: the same matched scores give the same total whatever the order of the calls.
+    total = math.fsum(sorted(scores[row][column].total for row, column in matched))
+    return CallSetScore(correctness=total / max(len(calls), len(expected)), problems=tuple(problems))

@@ -1,0 +1,265 @@
+"""The ground truth of a tool-calling sample, read into one internal form.
+
+Accepted ``ground_truth`` (a dict, or the same as a JSON string):
+
+* BFCL style::
+
+      {"functions": [<BFCL function doc>, ...],
+       "answers":   [{"calculate_triangle_area": {"base": [10], "unit": ["units", ""]}}, ...]}
+
+  ``functions`` are BFCL / OpenAI function docs (``{"name", "description",
+  "parameters": <JSON schema>}``, optionally wrapped as ``{"type": "function",
+  "function": {...}}``). ``answers`` are BFCL possible-answer entries: one
+  expected call each, mapping every argument to its list of acceptable values;
+  ``""`` in that list marks the argument optional. A dict among the acceptable
+  values is itself a pattern ``{key: [acceptable values]}``; a list is a literal
+  whose dict elements are patterns.
+* Exact reference calls (ToolRL style): ``{"functions": [...], "calls": [{"name":
+  ..., "arguments": {...}}]}``, a bare list of such calls, or a string holding
+  ``<tool_call>`` blocks. Each exact value becomes the single acceptable value.
+
+``functions`` is optional; without it no type rules apply. Anything else is an
+error that names the problem.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from reward_fns.tool_calling.parse import ToolCall, parse_response
+from reward_fns.tool_calling.schema_types import validate_schema_types
+
+OPTIONAL_MARKER = ""
+_GROUND_TRUTH_KEYS = frozenset({"functions", "answers", "calls"})
+
+
+@dataclass(frozen=True)
+class FunctionSchema:
+    """A callable function as described to the model.
+
+    Attributes:
+        name: function name.
+        properties: argument name → JSON-schema node.
+        required: arguments the schema marks required.
+    """
+
+    name: str
+    properties: Mapping[str, Mapping[str, Any]]
+    required: frozenset[str]
+
+
+@dataclass(frozen=True)
+class ReferenceCall:
+    """One expected call with every acceptable value per argument.
+
+    Attributes:
+        name: function name.
+        acceptable_values: argument → tuple of acceptable values (``""`` = may be omitted).
+        mandatory: arguments that must be present (no ``""`` marker, or required by the schema).
+    """
+
+    name: str
+    acceptable_values: Mapping[str, tuple[Any, ...]]
+    mandatory: frozenset[str]
+
+
+@dataclass(frozen=True)
+class ToolCallingReference:
+    """Everything the verifier knows about one sample.
+
+    Attributes:
+        functions: the function schemas shown to the model (may be empty).
+        calls: the expected calls (at least one); their order does not matter.
+    """
+
+    functions: tuple[FunctionSchema, ...]
+    calls: tuple[ReferenceCall, ...]
+
+    def schema_for(self, name: str) -> FunctionSchema | None:
+        """The schema of function ``name``, or None when no schema was given."""
+        return next((function for function in self.functions if function.name == name), None)
+
+
+def _plain_data(value: Any) -> Any:
+    """Undo what parquet round trips do to nested data (numpy arrays), leaving JSON types."""
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
+        value = value.tolist()
+    if isinstance(value, Mapping):
+        return {key: _plain_data(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain_data(item) for item in value]
+    return value
+
+
+def _function_schema(doc: Any, index: int) -> FunctionSchema:
+    """Read one BFCL / OpenAI function doc."""
+    if isinstance(doc, Mapping) and doc.get("type") == "function" and isinstance(doc.get("function"), Mapping):
+        doc = doc["function"]
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("name"), str):
+        raise ValueError(f"ground_truth functions[{index}] must be an object with a string 'name'")
+    name = doc["name"]
+    parameters = doc.get("parameters") or {}
+    validate_schema_types(parameters, name)
+    properties = parameters.get("properties") or {}
+    required = parameters.get("required") or []
+    if not isinstance(properties, Mapping) or not isinstance(required, list):
+        raise ValueError(f"function {name!r}: 'properties' must be an object and 'required' a list")
+    return FunctionSchema(name=name, properties=dict(properties), required=frozenset(required))
+
+
+def _check_pattern(value: Any, where: str) -> None:
+    """Dicts among acceptable values must map every key to a list of alternatives."""
+    if isinstance(value, Mapping):
+        for key, alternatives in value.items():
+            if not isinstance(alternatives, list):
+                raise ValueError(f"{where}.{key}: nested acceptable values must be a list, got {alternatives!r}")
+            for alternative in alternatives:
+                _check_pattern(alternative, f"{where}.{key}")
+    elif isinstance(value, list):
+        for item in value:
+            _check_pattern(item, f"{where}[]")
+
+
+def _acceptable_values_from_answer(answer: Any, index: int) -> tuple[str, dict[str, tuple[Any, ...]]]:
+    """Read one BFCL possible-answer entry ``{function: {argument: [acceptable values]}}``."""
+    if not isinstance(answer, Mapping) or len(answer) != 1:
+        raise ValueError(f"ground_truth answers[{index}] must be an object with exactly one function name")
+    ((name, arguments),) = answer.items()
+    if not isinstance(arguments, Mapping):
+        raise ValueError(f"ground_truth answers[{index}] ({name}): arguments must be an object")
+    acceptable: dict[str, tuple[Any, ...]] = {}
+    for argument, alternatives in arguments.items():
+        if not isinstance(alternatives, list) or not alternatives:
+            raise ValueError(f"{name}.{argument}: acceptable values must be a non-empty list, got {alternatives!r}")
+        for alternative in alternatives:
+            _check_pattern(alternative, f"{name}.{argument}")
+        acceptable[argument] = tuple(alternatives)
+    return name, acceptable
+
+
+def _exact_value_as_pattern(value: Any) -> Any:
+    """An exact value in BFCL pattern form: dict values become one-element alternative lists."""
+    if isinstance(value, Mapping):
+        return {key: [_exact_value_as_pattern(item)] for key, item in value.items()}
+    if isinstance(value, list):
+        return [_exact_value_as_pattern(item) for item in value]
+    return value
+
+
+def _acceptable_values_from_exact_call(call: Any, index: int) -> tuple[str, dict[str, tuple[Any, ...]]]:
+    """Read one exact reference call ``{"name": ..., "arguments"|"parameters": {...}}``."""
+    if isinstance(call, ToolCall):
+        name, arguments = call.name, call.arguments
+    elif isinstance(call, Mapping) and isinstance(call.get("name"), str):
+        name = call["name"]
+        arguments = call.get("arguments", call.get("parameters", {}))
+    else:
+        raise ValueError(f"ground_truth calls[{index}] must be an object with a string 'name'")
+    if not isinstance(arguments, Mapping):
+        raise ValueError(f"ground_truth calls[{index}] ({name}): arguments must be an object")
+    return name, {argument: (_exact_value_as_pattern(value),) for argument, value in arguments.items()}
+
+
+def _decode(ground_truth: Any) -> Any:
+    """JSON-decode a string ground truth; a string of ``<tool_call>`` blocks is read as exact calls."""
+    if not isinstance(ground_truth, str):
+        return _plain_data(ground_truth)
+    try:
+        return json.loads(ground_truth)
+    except ValueError:
+        parsed = parse_response(ground_truth)
+        if not parsed.well_formed:
+            raise ValueError(f"ground_truth string is neither JSON nor tool calls: {parsed.error}") from None
+        return list(parsed.calls)
+
+
+def _reference_call(name: str, acceptable: dict[str, tuple[Any, ...]], schema: FunctionSchema | None) -> ReferenceCall:
+    """Combine acceptable values with the schema's required list into the mandatory set."""
+    mandatory = {argument for argument, values in acceptable.items() if OPTIONAL_MARKER not in values}
+    if schema is not None:
+        unanswerable = schema.required - acceptable.keys()
+        if unanswerable:
+            raise ValueError(f"reference call {name!r} lacks required argument(s) {sorted(unanswerable)}")
+        mandatory |= schema.required
+    return ReferenceCall(name=name, acceptable_values=acceptable, mandatory=frozenset(mandatory))
+
+
+def parse_ground_truth(ground_truth: Any) -> ToolCallingReference:
+    """Read a ground truth in any accepted form (see the module docstring).
+
+    Args:
+        ground_truth: dict, list, JSON string or ``<tool_call>`` string.
+
+    Returns:
+        The normalised reference.
+
+    Raises:
+        ValueError: the ground truth is malformed; the message names the problem.
+    """
+    data = _decode(ground_truth)
+    if isinstance(data, list):
+        data = {"calls": data}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"ground_truth must be an object or a list of calls, got {type(data).__name__}")
+    unknown_keys = data.keys() - _GROUND_TRUTH_KEYS
+    if unknown_keys or ("answers" in data) == ("calls" in data):
+        raise ValueError(
+            f"ground_truth needs exactly one of 'answers' (BFCL possible answers) or 'calls' (exact calls), "
+            f"plus optional 'functions'; got keys {sorted(data.keys())}"
+        )
+    functions_raw = data.get("functions") or []
+    if not isinstance(functions_raw, list):
+        raise ValueError("ground_truth 'functions' must be a list")
+    functions = tuple(_function_schema(doc, index) for index, doc in enumerate(functions_raw))
+    entries = data.get("answers", data.get("calls"))
+    if not isinstance(entries, list) or not entries:
+        raise ValueError("ground_truth must hold at least one expected call")
+    read_entry = _acceptable_values_from_answer if "answers" in data else _acceptable_values_from_exact_call
+    reference = ToolCallingReference(functions=functions, calls=())
+    calls = []
+    for index, entry in enumerate(entries):
+        name, acceptable = read_entry(entry, index)
+        schema = reference.schema_for(name)
+        if functions and schema is None:
+            raise ValueError(f"reference call {name!r} is not among the functions {[f.name for f in functions]}")
+        calls.append(_reference_call(name, acceptable, schema))
+    return ToolCallingReference(functions=functions, calls=tuple(calls))
+
+
+def _first_acceptable_value(pattern: Any) -> Any:
+    """A concrete value for a pattern: first alternative of every key, optional keys left out."""
+    if isinstance(pattern, Mapping):
+        return {
+            key: _first_acceptable_value(alternatives[0])
+            for key, alternatives in pattern.items()
+            if OPTIONAL_MARKER not in alternatives
+        }
+    if isinstance(pattern, list):
+        return [_first_acceptable_value(item) for item in pattern]
+    return pattern
+
+
+def _gold_arguments(call: ReferenceCall) -> dict[str, Any]:
+    """Mandatory arguments with their first concrete value."""
+    arguments = {}
+    for argument, values in call.acceptable_values.items():
+        # BFCL sometimes lists "" first even for an argument its schema requires.
+        concrete = [value for value in values if value != OPTIONAL_MARKER]
+        if argument in call.mandatory and concrete:
+            arguments[argument] = _first_acceptable_value(concrete[0])
+    return arguments
+
+
+def gold_calls(reference: ToolCallingReference) -> list[ToolCall]:
+    """One correct answer: the first acceptable (non-``""``) value of each argument, optional ones omitted.
+
+    Args:
+        reference: the normalised reference.
+
+    Returns:
+        One call per reference call, in reference order.
+    """
+    return [ToolCall(name=call.name, arguments=_gold_arguments(call)) for call in reference.calls]
