@@ -1,0 +1,131 @@
+"""The instruction-following reward: one component per constraint of the prompt.
+
+MRTPO (and GDPO) need one reward per verifier with the same keys on every sample
+of a batch, so a prompt's constraints are laid out in a fixed number of slots
+``if_c0 .. if_c{N-1}`` (``N = max_constraints``), each with its verifier-information
+string ``if_c{i}_info``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from reward_fns.instruction_following.checkers import ConstraintResult, check_constraint
+from reward_fns.instruction_following.data import parse_ground_truth
+
+MAX_CONSTRAINTS = 3
+"""Default number of constraint slots: the most instructions any prompt has in the
+packaged benchmarks (IFEval: 3, IFBench: 2). Data with more needs a larger
+``max_constraints``."""
+
+EMPTY_SLOT_SCORE = 0.0
+"""Value of a slot beyond the prompt's last constraint."""
+
+EMPTY_SLOT_INFO = ""
+"""Verifier information of a slot beyond the prompt's last constraint."""
+
+_SLOT_PREFIX = "if_c"
+
+
+def _validate_slot_count(max_constraints: int) -> None:
+    """Rejects a slot count that is not a positive int.
+
+    Args:
+        max_constraints: The requested number of slots.
+
+    Raises:
+        ValueError: It is not a positive int.
+    """
+    if isinstance(max_constraints, bool) or not isinstance(max_constraints, int) or max_constraints < 1:
+        raise ValueError(f"max_constraints must be a positive int, got {max_constraints!r}")
+
+
+def reward_keys(max_constraints: int = MAX_CONSTRAINTS) -> tuple[str, ...]:
+    """Names the numeric reward components, one per constraint slot.
+
+    Args:
+        max_constraints: The number of slots.
+
+    Returns:
+        ``("if_c0", "if_c1", ...)``; the info key of each is ``f"{key}_info"``.
+    """
+    _validate_slot_count(max_constraints)
+    return tuple(f"{_SLOT_PREFIX}{slot}" for slot in range(max_constraints))
+
+
+REWARD_KEYS = reward_keys()
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Mapping[str, Any] | str,
+    extra_info: dict[str, Any] | None = None,
+    max_constraints: int = MAX_CONSTRAINTS,
+    **kwargs: Any,
+) -> dict[str, float | str]:
+    """Scores a response against every constraint of its prompt.
+
+    Slot ``i`` holds the prompt's ``i``-th constraint: ``if_c{i}`` is 1.0 when the
+    response satisfies it (IFEval's strict check) and 0.0 otherwise, and
+    ``if_c{i}_info`` is the constraint's own description with its arguments (e.g.
+    "Answer with at least 300 words."). Slots beyond the prompt's constraints hold
+    :data:`EMPTY_SLOT_SCORE` (0.0) and :data:`EMPTY_SLOT_INFO` (""). All responses of
+    a group share a prompt, hence its number of constraints, so an empty slot is
+    constant inside every group and can never give a non-zero group advantage.
+
+    Args:
+        data_source: The sample's data source; the dispatcher has already routed it here.
+        solution_str: The decoded response.
+        ground_truth: The prompt's constraints, schema in :mod:`.data` (dict or JSON string).
+        extra_info: Unused; accepted for verl's reward-function signature.
+        max_constraints: Number of constraint slots, the same for the whole run.
+        **kwargs: Unused; accepted for verl's reward-function signature.
+
+    Returns:
+        ``"score"`` (the fraction of the prompt's constraints satisfied: IFEval's
+        instruction-level strict accuracy for this prompt), then ``if_c{i}`` and
+        ``if_c{i}_info`` for every slot.
+
+    Raises:
+        ValueError: Malformed ground truth, or a prompt with more constraints than
+            ``max_constraints``.
+        UnsupportedConstraintError: A constraint the checker libraries cannot check
+            faithfully (see ``checkers.UNSUPPORTED``).
+    """
+    keys = reward_keys(max_constraints)
+    prompt_constraints = parse_ground_truth(ground_truth)
+    constraint_count = len(prompt_constraints.constraints)
+    if constraint_count > max_constraints:
+        raise ValueError(
+            f"The prompt has {constraint_count} instruction-following constraints but only "
+            f"max_constraints={max_constraints} reward slots; raise the max_constraints option "
+            f"to at least {constraint_count} (it must be the same for every sample of a run)."
+        )
+    results = [
+        check_constraint(constraint.instruction_id, constraint.kwargs, prompt_constraints.prompt, solution_str)
+        for constraint in prompt_constraints.constraints
+    ]
+    return _layout(results, keys)
+
+
+def _layout(results: list[ConstraintResult], keys: tuple[str, ...]) -> dict[str, float | str]:
+    """Puts the constraint verdicts into the fixed slots.
+
+    Args:
+        results: One verdict per constraint, in ground-truth order.
+        keys: The slot keys; at least as many as results.
+
+    Returns:
+        The reward dict: score first, then each slot's value and info.
+    """
+    scores: dict[str, float | str] = {"score": sum(result.followed for result in results) / len(results)}
+    for slot, key in enumerate(keys):
+        if slot < len(results):
+            scores[key] = 1.0 if results[slot].followed else 0.0
+            scores[f"{key}_info"] = results[slot].description
+        else:
+            scores[key] = EMPTY_SLOT_SCORE
+            scores[f"{key}_info"] = EMPTY_SLOT_INFO
+    return scores
