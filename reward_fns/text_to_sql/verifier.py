@@ -1,0 +1,257 @@
+"""The text-to-SQL reward: three components and their verifier information.
+
+Components (each 0.0 or 1.0):
+
+* ``sql_format``: the response has the expected format (`parse.EXPECTED_FORMAT`:
+  exactly one ```sql fenced block holding exactly one query);
+* ``sql_executability``: that query runs in the sandbox without error, within
+  the deadline and the row cap. A response that fails the format check is not
+  executed and scores 0 here;
+* ``sql_execution``: its result equals the gold query's result (see `compare`).
+
+``score`` is the unweighted mean of the three, so it lies in {0, 1/3, 2/3, 1}.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reward_fns.text_to_sql.compare import SEMANTICS, Semantics, results_match
+from reward_fns.text_to_sql.ground_truth import GoldQuery, choose_db_root, resolve_gold_query
+from reward_fns.text_to_sql.parse import EXPECTED_FORMAT, ExtractedQuery, extract_query
+from reward_fns.text_to_sql.sandbox import (
+    DEFAULT_ROW_CAP,
+    DEFAULT_TIMEOUT_S,
+    QueryError,
+    QueryResult,
+    ReadOnlyDatabase,
+    database_for_thread,
+    file_signature,
+)
+from reward_fns.text_to_sql.sql_analysis import query_orders_rows, referenced_table_names
+
+logger = logging.getLogger(__name__)
+
+REWARD_KEYS: tuple[str, ...] = ("sql_format", "sql_executability", "sql_execution")
+
+# Gold queries run once per (database, query) thanks to the cache, so they get a
+# longer deadline than predictions: some BIRD gold queries take seconds.
+DEFAULT_GOLD_TIMEOUT_S = 30.0
+# Most characters of one info string's main part (schema or gold result).
+DEFAULT_INFO_CHAR_LIMIT = 3_000
+GOLD_CACHE_SIZE = 4_096
+_GOLD_ROWS_SHOWN = 20
+_ERROR_CHAR_LIMIT = 500
+_TRUNCATION_MARK = " ...[truncated]"
+
+
+@dataclass(frozen=True)
+class GoldOutcome:
+    """What running the gold query gave.
+
+    Attributes:
+        result: The gold result, or None if the gold query failed.
+        error: Why the gold query failed, or None.
+        orders_rows: Whether the gold query's outermost SELECT has an ORDER BY.
+    """
+
+    result: QueryResult | None
+    error: str | None
+    orders_rows: bool
+
+
+@functools.lru_cache(maxsize=GOLD_CACHE_SIZE)
+def _cached_gold_outcome(
+    db_path: Path, signature: tuple[int, int, int], sql: str, timeout_s: float, row_cap: int
+) -> GoldOutcome:
+    """Runs a gold query; cached by database path, file version and query (lru_cache is thread-safe).
+
+    `signature` is only part of the cache key, so a database changed on disk is queried again.
+    """
+    del signature
+    try:
+        result = database_for_thread(db_path).execute(sql, timeout_s=timeout_s, row_cap=row_cap)
+    except QueryError as error:
+        logger.warning("text-to-SQL gold query failed on %s: %s | %s", db_path, error, sql)
+        return GoldOutcome(result=None, error=str(error), orders_rows=False)
+    return GoldOutcome(result=result, error=None, orders_rows=query_orders_rows(sql))
+
+
+def gold_outcome(gold: GoldQuery, *, timeout_s: float, row_cap: int) -> GoldOutcome:
+    """Returns the (cached) outcome of a gold query.
+
+    Args:
+        gold: The gold query and its database.
+        timeout_s: Deadline for running it.
+        row_cap: Most rows its result may have.
+
+    Returns:
+        The gold result or its error.
+    """
+    return _cached_gold_outcome(gold.db_path, file_signature(gold.db_path), gold.sql, timeout_s, row_cap)
+
+
+def clear_gold_cache() -> None:
+    """Empties the gold-result cache (for tests and long-lived workers)."""
+    _cached_gold_outcome.cache_clear()
+
+
+def _truncate(text: str, limit: int) -> str:
+    """Cuts text to at most `limit` characters plus a visible mark."""
+    return text if len(text) <= limit else text[:limit] + _TRUNCATION_MARK
+
+
+def _semantics_for(data_source: str, requested: str | None) -> Semantics:
+    """The comparison rule: the one requested, else BIRD's for BIRD data, else Spider's."""
+    chosen = requested or ("bird" if data_source.lower().startswith("bird") else "spider")
+    for semantics in SEMANTICS:
+        if chosen == semantics:
+            return semantics
+    raise ValueError(f"unknown text-to-SQL semantics {chosen!r}; expected one of {SEMANTICS}")
+
+
+def _format_info(extracted: ExtractedQuery) -> str:
+    """Verifier info for sql_format: the expected format and what the check found."""
+    check = "passed" if extracted.format_ok else f"failed: {extracted.problem}"
+    return f"Expected format: {EXPECTED_FORMAT}\nCheck: {check}"
+
+
+def _schema_text(database: ReadOnlyDatabase, predicted_sql: str | None, char_limit: int) -> str:
+    """CREATE statements of the tables the prediction uses, or of all tables when that is unknown.
+
+    The whole schema is shown when the query is missing or unparseable, or names a
+    table the database lacks: then the model needs to see which tables do exist.
+    """
+    definitions = database.table_definitions()
+    referenced = referenced_table_names(predicted_sql) if predicted_sql else None
+    known_names = {name.lower() for name in definitions}
+    if referenced and referenced <= known_names:
+        header = "Schema of the tables the query uses:"
+        chosen = [sql for name, sql in definitions.items() if name.lower() in referenced]
+    else:
+        header = "Database schema (all tables):"
+        chosen = list(definitions.values())
+    return header + "\n" + _truncate(";\n".join(chosen) + ";", char_limit)
+
+
+def _executability_info(
+    database: ReadOnlyDatabase, extracted: ExtractedQuery, execution_error: str | None, char_limit: int
+) -> str:
+    """Verifier info for sql_executability: the relevant schema and the execution outcome."""
+    schema = _schema_text(database, extracted.sql, char_limit)
+    if extracted.sql is None:
+        outcome = f"Not executed: the response format check failed ({extracted.problem})."
+    elif execution_error is not None:
+        outcome = f"Execution error: {_truncate(execution_error, _ERROR_CHAR_LIMIT)}"
+    else:
+        outcome = "Execution: ran without error."
+    return f"{schema}\n{outcome}"
+
+
+def _render_result(result: QueryResult, char_limit: int) -> str:
+    """Renders a result as a header line and one tuple per row, cut to the limit."""
+    shown = [repr(row) for row in result.rows[:_GOLD_ROWS_SHOWN]]
+    hidden = len(result.rows) - len(shown)
+    if hidden:
+        shown.append(f"... ({hidden} more rows)")
+    return _truncate("\n".join(shown), char_limit)
+
+
+def _execution_info(gold: GoldQuery, outcome: GoldOutcome, semantics: Semantics, char_limit: int) -> str:
+    """Verifier info for sql_execution: the gold SQL and its (truncated) result."""
+    lines = [f"Gold SQL: {gold.sql}"]
+    if outcome.result is None:
+        lines.append(f"Gold query failed: {_truncate(outcome.error or '', _ERROR_CHAR_LIMIT)}")
+        return "\n".join(lines)
+    result = outcome.result
+    if semantics == "bird":
+        rule = "compared as a set of rows"
+    elif outcome.orders_rows:
+        rule = "row order matters"
+    else:
+        rule = "row order ignored"
+    lines.append(f"Gold result ({len(result.rows)} rows; columns: {', '.join(result.columns)}; {rule}):")
+    lines.append(_render_result(result, char_limit))
+    return "\n".join(lines)
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None,
+    *,
+    semantics: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    gold_timeout_s: float = DEFAULT_GOLD_TIMEOUT_S,
+    row_cap: int = DEFAULT_ROW_CAP,
+    db_root: str | Path | None = None,
+    info_char_limit: int = DEFAULT_INFO_CHAR_LIMIT,
+    **unused_kwargs: Any,
+) -> dict[str, float | str]:
+    """Scores one text-to-SQL response.
+
+    Args:
+        data_source: The sample's data source ("spider", "bird/dev", ...); "bird..." selects BIRD semantics
+            unless `semantics` is given.
+        solution_str: The model's response; see `parse.EXPECTED_FORMAT`.
+        ground_truth: {"sql": ..., "db_id": ..., "db_path": optional} or its JSON string; see `ground_truth`.
+        extra_info: The sample's extra_info; its "db_root" (if any) locates the databases.
+        semantics: "spider" (bag of rows, ORDER BY-aware, column permutation allowed) or "bird" (set of rows).
+        timeout_s: Wall-clock deadline for the predicted query.
+        gold_timeout_s: Wall-clock deadline for the gold query (run once, then cached).
+        row_cap: Most rows a result may have; more is an error ("too many rows").
+        db_root: Database root used when extra_info has none.
+        info_char_limit: Most characters of the schema or gold-result part of an info string.
+        **unused_kwargs: Ignored; the reward loop may pass arguments meant for other reward functions.
+
+    Returns:
+        "score" (mean of the three components), "sql_format", "sql_executability", "sql_execution"
+        (each 0.0 or 1.0) and one "<component>_info" string per component.
+
+    Raises:
+        ValueError: If the ground truth is malformed or `semantics` is unknown.
+        FileNotFoundError: If the database file does not exist.
+    """
+    del unused_kwargs
+    chosen_semantics = _semantics_for(data_source, semantics)
+    gold = resolve_gold_query(ground_truth, choose_db_root(extra_info, db_root))
+    database = database_for_thread(gold.db_path)
+    gold_result = gold_outcome(gold, timeout_s=gold_timeout_s, row_cap=row_cap)
+    extracted = extract_query(solution_str)
+
+    predicted: QueryResult | None = None
+    execution_error: str | None = None
+    if extracted.sql is not None:
+        try:
+            predicted = database.execute(extracted.sql, timeout_s=timeout_s, row_cap=row_cap)
+        except QueryError as error:
+            execution_error = str(error)
+
+    matches = (
+        predicted is not None
+        and gold_result.result is not None
+        and results_match(
+            predicted, gold_result.result, semantics=chosen_semantics, gold_orders_rows=gold_result.orders_rows
+        )
+    )
+    components = {
+        "sql_format": 1.0 if extracted.format_ok else 0.0,
+        "sql_executability": 1.0 if predicted is not None else 0.0,
+        "sql_execution": 1.0 if matches else 0.0,
+    }
+    infos = {
+        "sql_format_info": _format_info(extracted),
+        "sql_executability_info": _executability_info(database, extracted, execution_error, info_char_limit),
+        "sql_execution_info": _execution_info(gold, gold_result, chosen_semantics, info_char_limit),
+    }
+    scores: dict[str, float | str] = {"score": sum(components.values()) / len(components)}
+    for key in REWARD_KEYS:
+        scores[key] = components[key]
+        scores[f"{key}_info"] = infos[f"{key}_info"]
+    return scores
