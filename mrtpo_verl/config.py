@@ -1,0 +1,178 @@
+"""The ``mrtpo:`` config block: typed, validated at start-up, with errors that name the field.
+
+The yaml with every default and a comment per field is ``mrtpo_verl/configs/mrtpo_trainer.yaml``;
+this module turns its ``mrtpo`` block into frozen dataclasses and rejects bad values before a
+single rollout is spent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ABLATIONS", "REWEIGHTINGS", "MRTPOConfig", "MRTPOConfigError", "ReplayConfig"]
+
+ABLATIONS = ("none", "uniform", "shuffle")
+REWEIGHTINGS = ("none", "saw")
+PLACEMENTS = ("colocated", "dedicated")
+FAILURE_POLICIES = ("error", "uniform")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class MRTPOConfigError(ValueError):
+    """A value in the ``mrtpo:`` block is missing, of the wrong type or out of range."""
+
+
+def _fail(field_path: str, problem: str, allowed: str) -> MRTPOConfigError:
+    return MRTPOConfigError(f"mrtpo.{field_path}: {problem} (allowed: {allowed})")
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers → plain Python, without importing omegaconf here."""
+    to_container = getattr(type(value), "to_container", None)
+    if to_container is not None:  # an omegaconf DictConfig / ListConfig
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """``mrtpo.replay``: how the leave-one-out replay runs (see the yaml for each field)."""
+
+    placement: str = "colocated"
+    temperature: float = 1.0
+    micro_batch_size: int = 8
+    js_chunk_size: int = 256
+    max_context_tokens: int = 4096
+    verifier_header: str = "Verifier information (used only to score this answer):"
+    verifier_item_template: str = "[{name}]\n{info}"
+    skip_zero_advantage: bool = True
+    on_worker_failure: str = "error"
+    dedicated_workers: int = 1
+    dedicated_device: str = "auto"
+    dedicated_cpus_per_worker: int = 1
+
+    def validate(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise _fail("replay.placement", f"got {self.placement!r}", " | ".join(PLACEMENTS))
+        if not (isinstance(self.temperature, int | float) and self.temperature > 0):
+            raise _fail("replay.temperature", f"got {self.temperature!r}", "a number > 0")
+        for name in ("micro_batch_size", "js_chunk_size", "max_context_tokens", "dedicated_workers",
+                     "dedicated_cpus_per_worker"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise _fail(f"replay.{name}", f"got {value!r}", "an integer ≥ 1")
+        if "{info}" not in self.verifier_item_template:
+            raise _fail("replay.verifier_item_template", "must contain '{info}'", "a format string with {name} and {info}")
+        if self.on_worker_failure not in FAILURE_POLICIES:
+            raise _fail("replay.on_worker_failure", f"got {self.on_worker_failure!r}", " | ".join(FAILURE_POLICIES))
+        if self.dedicated_device not in DEVICES:
+            raise _fail("replay.dedicated_device", f"got {self.dedicated_device!r}", " | ".join(DEVICES))
+
+
+@dataclass(frozen=True)
+class MRTPOConfig:
+    """``mrtpo``: the estimator's settings (see the yaml for each field)."""
+
+    reward_keys: tuple[str, ...]
+    verifier_info_keys: tuple[str, ...]
+    reward_weights: tuple[float, ...] | None = None
+    beta: float = 0.5
+    warmup_steps: int = 10
+    ratio_cap: float | None = None
+    ablation: str = "none"
+    shuffle_seed: int = 0
+    reweighting: str = "none"
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+
+    @property
+    def weights_or_ones(self) -> tuple[float, ...]:
+        """c_k, defaulting to 1 per reward."""
+        return self.reward_weights if self.reward_weights is not None else (1.0,) * len(self.reward_keys)
+
+    @classmethod
+    def from_block(cls, block: Mapping[str, Any] | Any, known_reward_keys: Iterable[str] | None = None) -> MRTPOConfig:
+        """Build and validate from the ``mrtpo`` block of a verl config (DictConfig or dict).
+
+        Args:
+            block: the ``mrtpo`` mapping.
+            known_reward_keys: reward component names the configured reward function can return;
+                when given, a reward key outside it is an error.
+
+        Raises:
+            MRTPOConfigError: naming the field, the problem and the allowed values.
+        """
+        raw = dict(_plain(block) or {})
+        replay_raw = dict(_plain(raw.pop("replay", None) or {}))
+        _reject_unknown(raw, cls, "")
+        _reject_unknown(replay_raw, ReplayConfig, "replay.")
+        for name in ("reward_keys", "verifier_info_keys"):
+            if name in raw and raw[name] is not None:
+                raw[name] = tuple(raw[name])
+        if raw.get("reward_weights") is not None:
+            raw["reward_weights"] = tuple(raw["reward_weights"])
+        raw.setdefault("reward_keys", ())
+        raw.setdefault("verifier_info_keys", ())
+        config = cls(replay=ReplayConfig(**replay_raw), **raw)
+        config.validate(known_reward_keys)
+        return config
+
+    def validate(self, known_reward_keys: Iterable[str] | None = None) -> None:
+        """Check every field; see :meth:`from_block`."""
+        _check_names("reward_keys", self.reward_keys)
+        if known_reward_keys is not None:
+            known = list(known_reward_keys)
+            unknown = [k for k in self.reward_keys if k not in known]
+            if unknown:
+                raise _fail("reward_keys", f"unknown reward keys {unknown}", ", ".join(known))
+        _check_names("verifier_info_keys", self.verifier_info_keys)
+        if len(self.verifier_info_keys) != len(self.reward_keys):
+            missing = list(self.reward_keys[len(self.verifier_info_keys):])
+            raise _fail(
+                "verifier_info_keys",
+                f"{len(self.verifier_info_keys)} names for {len(self.reward_keys)} reward keys"
+                + (f"; missing for {missing}" if missing else ""),
+                "one non_tensor_batch key per reward key, in the same order (e.g. '<reward>_info')",
+            )
+        if self.reward_weights is not None:
+            if len(self.reward_weights) != len(self.reward_keys):
+                raise _fail("reward_weights", f"{len(self.reward_weights)} weights for {len(self.reward_keys)} "
+                            "reward keys", "null, or one finite number per reward key")
+            if not all(isinstance(c, int | float) and math.isfinite(c) for c in self.reward_weights):
+                raise _fail("reward_weights", f"got {list(self.reward_weights)}", "finite numbers")
+        if not (isinstance(self.beta, int | float) and 0.0 <= self.beta <= 1.0):
+            raise _fail("beta", f"got {self.beta!r}", "a number in [0, 1]")
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
+            raise _fail("warmup_steps", f"got {self.warmup_steps!r}", "an integer ≥ 0")
+        if self.ratio_cap is not None and not (isinstance(self.ratio_cap, int | float) and self.ratio_cap > 1.0):
+            raise _fail("ratio_cap", f"got {self.ratio_cap!r}", "null, or a number > 1")
+        if self.ablation not in ABLATIONS:
+            raise _fail("ablation", f"got {self.ablation!r}", " | ".join(ABLATIONS))
+        if self.reweighting not in REWEIGHTINGS:
+            raise _fail("reweighting", f"got {self.reweighting!r}", " | ".join(REWEIGHTINGS))
+        if not isinstance(self.shuffle_seed, int):
+            raise _fail("shuffle_seed", f"got {self.shuffle_seed!r}", "an integer")
+        self.replay.validate()
+
+
+def _check_names(field_path: str, names: tuple[str, ...]) -> None:
+    if not names:
+        raise _fail(field_path, "is empty", "a non-empty list of non_tensor_batch keys")
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    if bad:
+        raise _fail(field_path, f"entries {bad} are not non-empty strings", "non-empty strings")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise _fail(field_path, f"duplicate keys {duplicates}", "each key once")
+
+
+def _reject_unknown(raw: Mapping[str, Any], cls: type, prefix: str) -> None:
+    allowed = [f.name for f in dataclasses.fields(cls) if f.name != "replay" or prefix == ""]
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise _fail(f"{prefix}{unknown[0]}", f"unknown field(s) {unknown}", ", ".join(allowed))

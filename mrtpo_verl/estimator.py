@@ -1,0 +1,216 @@
+"""The ``mrtpo`` advantage estimator, registered in verl's advantage-estimator registry.
+
+Per response j and reward k (SPEC §1):
+
+1. ``Â_k^(j)``: group-normalised reward k, computed by verl's own GRPO outcome advantage
+   (so unbiased std, its ε, and its singleton-group convention are verl's).
+2. ``w_{k,t}^(j)``: token weights from the replay's relevance ``q`` (``batch["mrtpo_relevance"]``,
+   (bs, K, L)) at the step's ``β_s``; see :mod:`mrtpo_verl.math.token_weights`.
+3. ``A_t^(j) = Σ_k c_k · w_{k,t}^(j) · Â_k^(j)``, whitened with the batch statistics of the uniform
+   sum ``Σ_k c_k · Â_k^(j)`` that verl's ``gdpo`` whitens; with every weight 1 the output is
+   ``gdpo``'s, tensor for tensor.
+
+Documented edge cases:
+- A group of one response: verl's GRPO gives it mean 0 and std 1, so ``Â_k = r_k / (1 + ε)``
+  (not 0). We keep verl's convention so that uniform MRTPO equals ``gdpo``; use ``rollout.n ≥ 2``.
+- A response with no valid token gets advantage 0 everywhere (it is all padding).
+- A batch with fewer than two valid tokens cannot be whitened: a clear error.
+- NaN/inf rewards, missing reward keys, or relevance of the wrong shape: a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register_adv_est
+from verl.utils import torch_functional as verl_F
+
+from mrtpo_verl.advantage_inputs import current_advantage_inputs
+from mrtpo_verl.config import MRTPOConfig
+from mrtpo_verl.math.reward_reweighting import saw_reward_weights
+from mrtpo_verl.math.token_advantage import weighted_token_advantage, whiten_with_statistics
+from mrtpo_verl.math.token_weights import beta_at_step, shuffle_within_responses, token_weights
+
+__all__ = ["ESTIMATOR_NAME", "RELEVANCE_KEY", "compute_mrtpo_outcome_advantage", "reward_component_matrix"]
+
+logger = logging.getLogger(__name__)
+
+ESTIMATOR_NAME = "mrtpo"
+#: ``DataProto.batch`` key of the replay's relevance tensor, (bs, K, response_length), K in reward-key order.
+RELEVANCE_KEY = "mrtpo_relevance"
+
+
+def reward_component_matrix(non_tensor_batch: Mapping[str, Any], reward_keys: tuple[str, ...], batch_size: int) -> torch.Tensor:
+    """Stack the reward components that the reward function returned into a (bs, K) float32 tensor.
+
+    Args:
+        non_tensor_batch: DataProto.non_tensor_batch holding one numeric array per reward key.
+        reward_keys: the configured reward keys, in order.
+        batch_size: expected number of responses.
+
+    Raises:
+        KeyError: a reward key is missing (the message lists what is there).
+        ValueError: wrong length, non-numeric, NaN or infinite values (first offending rows named).
+    """
+    columns = []
+    for key in reward_keys:
+        if key not in non_tensor_batch:
+            raise KeyError(
+                f"mrtpo: reward key {key!r} not found in non_tensor_batch (available: {sorted(non_tensor_batch)}); "
+                "the reward function must return it for every sample"
+            )
+        try:
+            values = np.asarray(non_tensor_batch[key], dtype=np.float32)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"mrtpo: reward key {key!r} holds non-numeric values: {error}") from error
+        if values.shape != (batch_size,):
+            raise ValueError(f"mrtpo: reward key {key!r} has shape {values.shape}, expected ({batch_size},)")
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise ValueError(
+                f"mrtpo: reward key {key!r} has NaN/inf values at rows {bad[:5].tolist()} "
+                f"(e.g. {values[bad[0]]}); fix the reward function rather than train on them"
+            )
+        columns.append(torch.from_numpy(values))
+    return torch.stack(columns, dim=1)
+
+
+def _group_normalised(rewards: torch.Tensor, index: np.ndarray, epsilon: float, norm_by_std: bool, config: Any) -> torch.Tensor:
+    """Â_k for every reward through verl's GRPO outcome advantage, one reward at a time. (bs, K) → (bs, K)."""
+    ones = torch.ones(rewards.shape[0], 1, dtype=torch.float32)
+    columns = []
+    for k in range(rewards.shape[1]):
+        normalised, _ = compute_grpo_outcome_advantage(
+            token_level_rewards=rewards[:, k : k + 1].clone(),
+            response_mask=ones,
+            index=index,
+            epsilon=epsilon,
+            norm_adv_by_std_in_grpo=norm_by_std,
+            config=config,
+        )
+        columns.append(normalised[:, 0])
+    return torch.stack(columns, dim=1)
+
+
+def _relevance_or_none(batch: Mapping[str, Any] | None, shape: tuple[int, int, int]) -> torch.Tensor | None:
+    if batch is None or RELEVANCE_KEY not in batch.keys():
+        return None
+    relevance: torch.Tensor = batch[RELEVANCE_KEY]
+    if tuple(relevance.shape) != shape:
+        raise ValueError(
+            f"mrtpo: {RELEVANCE_KEY} has shape {tuple(relevance.shape)}, expected (bs, K, response_length) = {shape}"
+        )
+    return relevance
+
+
+def _token_weights_for_step(
+    relevance: torch.Tensor | None, response_mask: torch.Tensor, cfg: MRTPOConfig, global_step: int | None
+) -> tuple[torch.Tensor | None, float]:
+    """Weights (bs, K, L) for this step, or None when every weight is 1; and β_s."""
+    if cfg.ablation == "uniform":
+        return None, 0.0
+    if relevance is None:
+        logger.warning("mrtpo: no %s in the batch; every token weight is 1 (GDPO) for this step", RELEVANCE_KEY)
+        return None, 0.0
+    if global_step is None:
+        raise ValueError("mrtpo: global_step is needed for the β warm-up; pass it or open advantage_inputs(...)")
+    beta_s = beta_at_step(cfg.beta, cfg.warmup_steps, global_step)
+    if beta_s == 0.0:
+        return None, 0.0
+    weights = token_weights(relevance.to(response_mask.device), response_mask, beta_s, cfg.ratio_cap)
+    if cfg.ablation == "shuffle":
+        generator = torch.Generator(device=weights.device).manual_seed(cfg.shuffle_seed * 1_000_003 + global_step)
+        weights = shuffle_within_responses(weights, response_mask, generator)
+    return weights, beta_s
+
+
+@register_adv_est(ESTIMATOR_NAME)
+def compute_mrtpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | None = None,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+    non_tensor_batch: Mapping[str, Any] | None = None,
+    batch: Mapping[str, Any] | None = None,
+    mrtpo_config: MRTPOConfig | None = None,
+    global_step: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MRTPO token advantages: each reward's group advantage placed on its relevant tokens.
+
+    Accepts every keyword verl's ``compute_advantage`` passes (``token_level_rewards``,
+    ``response_mask``, ``config``, ``index``, optional ``reward_baselines``); the rest comes as
+    explicit keywords or from :func:`mrtpo_verl.advantage_inputs.advantage_inputs`.
+
+    Args:
+        token_level_rewards: (bs, L) verl's summed token rewards (unused: MRTPO reads the components).
+        response_mask: (bs, L) valid response tokens.
+        index: (bs,) group id per response (``uid``).
+        epsilon: GRPO's std floor.
+        norm_adv_by_std_in_grpo: divide by the group std (GRPO) or not (Dr.GRPO).
+        config: verl's ``AlgoConfig`` (passed to verl's GRPO helper).
+        non_tensor_batch: reward components, one (bs,) array per reward key.
+        batch: tensor batch; ``batch["mrtpo_relevance"]`` (bs, K, L) when the replay ran.
+        mrtpo_config: the ``mrtpo`` block.
+        global_step: the trainer's global step for the β warm-up.
+
+    Returns:
+        (advantages, returns), both (bs, L), equal (outcome-only estimator).
+    """
+    inputs = current_advantage_inputs()
+    if inputs is not None:
+        non_tensor_batch = non_tensor_batch if non_tensor_batch is not None else inputs.non_tensor_batch
+        batch = batch if batch is not None else inputs.batch
+        mrtpo_config = mrtpo_config if mrtpo_config is not None else inputs.mrtpo_config
+        global_step = global_step if global_step is not None else inputs.global_step
+    if mrtpo_config is None or non_tensor_batch is None:
+        raise ValueError(
+            "mrtpo: the estimator needs the reward components and the mrtpo config. verl's compute_advantage "
+            "passes them only to 'gdpo'; run it inside mrtpo_verl.advantage_inputs.advantage_inputs(data, cfg, step) "
+            "(the MRTPO trainer does) or pass non_tensor_batch=, mrtpo_config=, global_step= explicitly"
+        )
+    if index is None:
+        raise ValueError("mrtpo: index (the uid of each response's group) is required")
+    batch_size, response_length = response_mask.shape
+    valid_tokens = int(response_mask.sum())
+    if valid_tokens < 2:
+        raise ValueError(f"mrtpo: the batch has {valid_tokens} valid response tokens; whitening needs at least 2")
+
+    cfg = mrtpo_config
+    rewards = reward_component_matrix(non_tensor_batch, cfg.reward_keys, batch_size).to(response_mask.device)
+    reward_weights = torch.tensor(cfg.weights_or_ones, dtype=torch.float32, device=response_mask.device)
+    if cfg.reweighting == "saw":
+        reward_weights = saw_reward_weights(rewards, reward_weights)
+    reward_advantages = _group_normalised(rewards, index, epsilon, norm_adv_by_std_in_grpo, config)
+
+    relevance = _relevance_or_none(batch, (batch_size, len(cfg.reward_keys), response_length))
+    weights, beta_s = _token_weights_for_step(relevance, response_mask, cfg, global_step)
+
+    uniform = weighted_token_advantage(reward_advantages, None, reward_weights, response_mask)
+    placed = uniform if weights is None else weighted_token_advantage(reward_advantages, weights, reward_weights, response_mask)
+    mean = verl_F.masked_mean(uniform, response_mask)
+    variance = verl_F.masked_var(uniform, response_mask)
+    advantages = whiten_with_statistics(placed, mean, variance) * response_mask
+
+    if inputs is not None:
+        inputs.metrics.update(_step_metrics(cfg, beta_s, weights, reward_weights, response_mask))
+    return advantages, advantages
+
+
+def _step_metrics(
+    cfg: MRTPOConfig, beta_s: float, weights: torch.Tensor | None, reward_weights: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """β_s, reward weights and the largest token weight per reward, for verl's tracking."""
+    metrics = {"mrtpo/beta": beta_s}
+    valid = response_mask.bool()
+    for k, key in enumerate(cfg.reward_keys):
+        metrics[f"mrtpo/{key}/reward_weight"] = float(reward_weights[k])
+        if weights is not None and bool(valid.any()):
+            metrics[f"mrtpo/{key}/weight_max"] = float(weights[:, k, :][valid].max())
+    return metrics

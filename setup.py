@@ -1,0 +1,40 @@
+"""mrtpo-verl: MRTPO (Multi-Reward-to-Token Policy Optimization) as a plugin for verl 0.9.1."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+
+setup(
+    name="mrtpo-verl",
+    version="0.1.0",
+    description="Reward-specific token-level credit assignment (MRTPO) for multi-reward RL in verl",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["mrtpo_verl", "mrtpo_verl.*", "reward_fns", "reward_fns.*"]),
+    include_package_data=True,
+    package_data={
+        "mrtpo_verl": ["configs/*.yaml"],
+        "reward_fns": ["data/**/*"],
+    },
+    # torch is not pinned here: install the CPU (or your CUDA) build first; any 2.6–2.14 works.
+    install_requires=[
+        "verl[verl-core]==0.9.1",
+        "torch>=2.6,<2.15",
+        "numpy",
+        "omegaconf",
+        "hydra-core",
+        "transformers",
+        "gguf",
+        "sqlglot",
+    ],
+    extras_require={
+        "test": ["pytest", "hypothesis", "scipy", "ruff", "mypy"],
+    },
+    entry_points={
+        # Loaded by every `import verl` (driver and Ray workers): registers adv_estimator=mrtpo.
+        "verl.plugins": ["mrtpo = mrtpo_verl.plugin"],
+    },
+)
