@@ -42,7 +42,7 @@ MAX_OPEN_DATABASES_PER_THREAD = 16
 # SQLite calls the progress handler every this many virtual-machine instructions:
 # often enough to stop within milliseconds of the deadline, rarely enough to cost little.
 _PROGRESS_INTERVAL_INSTRUCTIONS = 1_000
-_FETCH_BATCH_ROWS = 256
+_FETCH_BATCH_ROWS = 64
 
 # Functions refused even inside a SELECT. Only load_extension and fts3_tokenizer
 # exist in the library; the others are SQLite shell helpers, listed in case the
