@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import langdetect
+import langdetect  # type: ignore[import-untyped]
 
 from reward_fns.instruction_following.offline_nltk import (
     NltkWithoutDownloads,
@@ -56,7 +56,11 @@ UNSUPPORTED: Mapping[str, str] = types.MappingProxyType(
 
 
 class UnsupportedConstraintError(ValueError):
-    """Raised for an instruction id that no library checks, or one in :data:`UNSUPPORTED`."""
+    """A constraint that cannot be checked faithfully.
+
+    Its id is unknown to both libraries or listed in :data:`UNSUPPORTED`, or its
+    arguments are ones the checker would replace with a random draw.
+    """
 
 
 class InstructionChecker(Protocol):
@@ -130,7 +134,7 @@ def _ifbench_registry() -> Mapping[str, type[InstructionChecker]]:
         registry = importlib.import_module("ifbench.instructions_registry")
         # Set again after the import, in case ifbench was imported before with the real nltk.
         for module_name in ("ifbench.instructions", "ifbench.instructions_util"):
-            importlib.import_module(module_name).nltk = NltkWithoutDownloads()
+            importlib.import_module(module_name).nltk = NltkWithoutDownloads()  # type: ignore[attr-defined]
     return types.MappingProxyType(dict(registry.INSTRUCTION_DICT))
 
 
@@ -172,22 +176,13 @@ def _modules_replaced_while_importing(replacements: dict[str, types.ModuleType])
                 sys.modules[name] = original
 
 
+@functools.cache
 def checker_registry() -> Mapping[str, type[InstructionChecker]]:
-    """Merges the IFEval and IFBench registries (imported offline on first use).
+    """Merges the IFEval and IFBench registries, importing them offline on first use.
 
     Returns:
         Every instruction id that a library can check, to its checker class,
         including the ids in :data:`UNSUPPORTED`.
-    """
-    return _merged_registry()
-
-
-@functools.cache
-def _merged_registry() -> Mapping[str, type[InstructionChecker]]:
-    """Builds the merged registry once per process.
-
-    Returns:
-        Instruction id to checker class.
     """
     ifeval, ifbench = _ifeval_registry(), _ifbench_registry()
     # Disjoint today; if a release made them overlap, silently picking one would be wrong.
@@ -233,6 +228,7 @@ def unsupported_reason(instruction_id: str) -> str | None:
 
 
 def _unknown_id_message(instruction_id: str) -> str:
+    """Says that no library knows an instruction id (the wording shared by the errors)."""
     return f"instruction id {instruction_id!r} is in neither the IFEval nor the IFBench checker registry"
 
 

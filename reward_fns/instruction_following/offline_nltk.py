@@ -27,9 +27,9 @@ import types
 from pathlib import Path
 from typing import Any
 
-import nltk
+import nltk  # type: ignore[import-untyped]
 import punkt
-from nltk.tabdata import TabEncoder
+from nltk.tabdata import TabEncoder  # type: ignore[import-untyped]
 
 PUNKT_LANGUAGE = "english"
 """The one Punkt model the checkers use (they never pass another language)."""
