@@ -45,7 +45,9 @@ class AdvantageInputs:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-_CURRENT: contextvars.ContextVar[AdvantageInputs | None] = contextvars.ContextVar("mrtpo_advantage_inputs", default=None)
+_CURRENT: contextvars.ContextVar[AdvantageInputs | None] = contextvars.ContextVar(
+    "mrtpo_advantage_inputs", default=None
+)
 
 
 @contextlib.contextmanager

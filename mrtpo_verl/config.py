@@ -62,13 +62,20 @@ class ReplayConfig:
             raise _fail("replay.placement", f"got {self.placement!r}", " | ".join(PLACEMENTS))
         if not (isinstance(self.temperature, int | float) and self.temperature > 0):
             raise _fail("replay.temperature", f"got {self.temperature!r}", "a number > 0")
-        for name in ("micro_batch_size", "js_chunk_size", "max_context_tokens", "dedicated_workers",
-                     "dedicated_cpus_per_worker"):
+        for name in (
+            "micro_batch_size",
+            "js_chunk_size",
+            "max_context_tokens",
+            "dedicated_workers",
+            "dedicated_cpus_per_worker",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise _fail(f"replay.{name}", f"got {value!r}", "an integer ≥ 1")
         if "{info}" not in self.verifier_item_template:
-            raise _fail("replay.verifier_item_template", "must contain '{info}'", "a format string with {name} and {info}")
+            raise _fail(
+                "replay.verifier_item_template", "must contain '{info}'", "a format string with {name} and {info}"
+            )
         if self.on_worker_failure not in FAILURE_POLICIES:
             raise _fail("replay.on_worker_failure", f"got {self.on_worker_failure!r}", " | ".join(FAILURE_POLICIES))
         if self.dedicated_device not in DEVICES:
@@ -132,7 +139,7 @@ class MRTPOConfig:
                 raise _fail("reward_keys", f"unknown reward keys {unknown}", ", ".join(known))
         _check_names("verifier_info_keys", self.verifier_info_keys)
         if len(self.verifier_info_keys) != len(self.reward_keys):
-            missing = list(self.reward_keys[len(self.verifier_info_keys):])
+            missing = list(self.reward_keys[len(self.verifier_info_keys) :])
             raise _fail(
                 "verifier_info_keys",
                 f"{len(self.verifier_info_keys)} names for {len(self.reward_keys)} reward keys"
@@ -141,8 +148,11 @@ class MRTPOConfig:
             )
         if self.reward_weights is not None:
             if len(self.reward_weights) != len(self.reward_keys):
-                raise _fail("reward_weights", f"{len(self.reward_weights)} weights for {len(self.reward_keys)} "
-                            "reward keys", "null, or one finite number per reward key")
+                raise _fail(
+                    "reward_weights",
+                    f"{len(self.reward_weights)} weights for {len(self.reward_keys)} reward keys",
+                    "null, or one finite number per reward key",
+                )
             if not all(isinstance(c, int | float) and math.isfinite(c) for c in self.reward_weights):
                 raise _fail("reward_weights", f"got {list(self.reward_weights)}", "finite numbers")
         if not (isinstance(self.beta, int | float) and 0.0 <= self.beta <= 1.0):

@@ -44,7 +44,9 @@ ESTIMATOR_NAME = "mrtpo"
 RELEVANCE_KEY = "mrtpo_relevance"
 
 
-def reward_component_matrix(non_tensor_batch: Mapping[str, Any], reward_keys: tuple[str, ...], batch_size: int) -> torch.Tensor:
+def reward_component_matrix(
+    non_tensor_batch: Mapping[str, Any], reward_keys: tuple[str, ...], batch_size: int
+) -> torch.Tensor:
     """Stack the reward components that the reward function returned into a (bs, K) float32 tensor.
 
     Args:
@@ -79,7 +81,9 @@ def reward_component_matrix(non_tensor_batch: Mapping[str, Any], reward_keys: tu
     return torch.stack(columns, dim=1)
 
 
-def _group_normalised(rewards: torch.Tensor, index: np.ndarray, epsilon: float, norm_by_std: bool, config: Any) -> torch.Tensor:
+def _group_normalised(
+    rewards: torch.Tensor, index: np.ndarray, epsilon: float, norm_by_std: bool, config: Any
+) -> torch.Tensor:
     """Â_k for every reward through verl's GRPO outcome advantage, one reward at a time. (bs, K) → (bs, K)."""
     ones = torch.ones(rewards.shape[0], 1, dtype=torch.float32)
     columns = []
@@ -97,7 +101,7 @@ def _group_normalised(rewards: torch.Tensor, index: np.ndarray, epsilon: float, 
 
 
 def _relevance_or_none(batch: Mapping[str, Any] | None, shape: tuple[int, int, int]) -> torch.Tensor | None:
-    if batch is None or RELEVANCE_KEY not in batch.keys():
+    if batch is None or RELEVANCE_KEY not in batch.keys():  # noqa: SIM118  (TensorDict)
         return None
     relevance: torch.Tensor = batch[RELEVANCE_KEY]
     if tuple(relevance.shape) != shape:
@@ -193,7 +197,11 @@ def compute_mrtpo_outcome_advantage(
     weights, beta_s = _token_weights_for_step(relevance, response_mask, cfg, global_step)
 
     uniform = weighted_token_advantage(reward_advantages, None, reward_weights, response_mask)
-    placed = uniform if weights is None else weighted_token_advantage(reward_advantages, weights, reward_weights, response_mask)
+    placed = (
+        uniform
+        if weights is None
+        else weighted_token_advantage(reward_advantages, weights, reward_weights, response_mask)
+    )
     mean = verl_F.masked_mean(uniform, response_mask)
     variance = verl_F.masked_var(uniform, response_mask)
     advantages = whiten_with_statistics(placed, mean, variance) * response_mask
@@ -204,7 +212,11 @@ def compute_mrtpo_outcome_advantage(
 
 
 def _step_metrics(
-    cfg: MRTPOConfig, beta_s: float, weights: torch.Tensor | None, reward_weights: torch.Tensor, response_mask: torch.Tensor
+    cfg: MRTPOConfig,
+    beta_s: float,
+    weights: torch.Tensor | None,
+    reward_weights: torch.Tensor,
+    response_mask: torch.Tensor,
 ) -> dict[str, float]:
     """β_s, reward weights and the largest token weight per reward, for verl's tracking."""
     metrics = {"mrtpo/beta": beta_s}

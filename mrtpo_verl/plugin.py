@@ -34,6 +34,8 @@ def _register_placeholder(cause: BaseException) -> None:
 try:
     from mrtpo_verl import estimator as _estimator  # noqa: F401  (import registers "mrtpo")
 except Exception as error:  # verl would swallow it at debug level: make it loud instead.
-    logger.error("mrtpo-verl plugin failed to load; 'mrtpo' will raise when used:\n%s",
-                 "".join(traceback.format_exception(error)))
+    logger.error(
+        "mrtpo-verl plugin failed to load; 'mrtpo' will raise when used:\n%s",
+        "".join(traceback.format_exception(error)),
+    )
     _register_placeholder(error)

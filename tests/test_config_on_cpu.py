@@ -20,8 +20,11 @@ def compose_trainer(*overrides: str):
 
 
 def test_yaml_composes_on_verls_ppo_trainer_and_validates() -> None:
-    cfg = compose_trainer(f"mrtpo.reward_keys=[{','.join(KEYS)}]", f"mrtpo.verifier_info_keys=[{','.join(INFO)}]",
-                          "actor_rollout_ref.rollout.temperature=0.7")
+    cfg = compose_trainer(
+        f"mrtpo.reward_keys=[{','.join(KEYS)}]",
+        f"mrtpo.verifier_info_keys=[{','.join(INFO)}]",
+        "actor_rollout_ref.rollout.temperature=0.7",
+    )
     # verl's own defaults are there (the yaml holds only deltas) ...
     assert cfg.actor_rollout_ref.actor.optim.lr is not None and "critic" in cfg and "trainer" in cfg
     # ... our deltas applied, and mirrored into verl's gdpo fields so the baseline sees the same rewards.
@@ -37,8 +40,9 @@ def test_yaml_composes_on_verls_ppo_trainer_and_validates() -> None:
 
 def test_yaml_defaults_match_the_dataclass_defaults() -> None:
     """One source of truth: the yaml documents each default; the dataclass must agree with it."""
-    cfg = compose_trainer("mrtpo.reward_keys=[a]", "mrtpo.verifier_info_keys=[a_info]",
-                          "actor_rollout_ref.rollout.temperature=1.0")
+    cfg = compose_trainer(
+        "mrtpo.reward_keys=[a]", "mrtpo.verifier_info_keys=[a_info]", "actor_rollout_ref.rollout.temperature=1.0"
+    )
     from_yaml = MRTPOConfig.from_block(cfg.mrtpo)
     assert from_yaml == MRTPOConfig(reward_keys=("a",), verifier_info_keys=("a_info",))
 

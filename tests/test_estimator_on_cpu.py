@@ -29,9 +29,13 @@ def run_verl(data, estimator: str, algo: AlgoConfig, cfg: MRTPOConfig | None = N
     data = data.slice(0, len(data))  # a fresh DataProto: compute_advantage writes into its batch
     if estimator == "mrtpo":
         with advantage_inputs(data, cfg, step) as inputs:
-            out = compute_advantage(data, adv_estimator="mrtpo", config=algo, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+            out = compute_advantage(
+                data, adv_estimator="mrtpo", config=algo, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo
+            )
         return out.batch["advantages"], inputs.metrics
-    out = compute_advantage(data, adv_estimator=estimator, config=algo, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+    out = compute_advantage(
+        data, adv_estimator=estimator, config=algo, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo
+    )
     return out.batch["advantages"], {}
 
 
@@ -41,9 +45,15 @@ def run_verl(data, estimator: str, algo: AlgoConfig, cfg: MRTPOConfig | None = N
 @pytest.mark.parametrize("all_ones", ["beta_zero", "warmup_step_zero", "no_relevance", "uniform_ablation"])
 def test_all_weights_one_equals_verl_gdpo_tensor_for_tensor(seed, keys, weights, all_ones) -> None:
     data = make_grouped_batch(seed, reward_keys=keys, with_relevance=all_ones != "no_relevance")
-    reward_weights = None if weights is None else [float(w) for w in np.random.default_rng(seed).uniform(0.2, 2.0, len(keys))]
-    algo = AlgoConfig(adv_estimator="gdpo", gdpo_reward_keys=list(keys), gdpo_reward_weights=reward_weights,
-                      norm_adv_by_std_in_grpo=seed % 2 == 0)
+    reward_weights = (
+        None if weights is None else [float(w) for w in np.random.default_rng(seed).uniform(0.2, 2.0, len(keys))]
+    )
+    algo = AlgoConfig(
+        adv_estimator="gdpo",
+        gdpo_reward_keys=list(keys),
+        gdpo_reward_weights=reward_weights,
+        norm_adv_by_std_in_grpo=seed % 2 == 0,
+    )
     overrides: dict[str, object] = {"reward_weights": None if reward_weights is None else tuple(reward_weights)}
     step = 100
     if all_ones == "beta_zero":
@@ -68,9 +78,14 @@ def test_hand_computed_two_responses_three_tokens_two_rewards() -> None:
     relevance = torch.tensor([[[0.3, 0.0, 0.0], [0.0, 0.0, 0.2]], [[0.1, 0.1, 0.1], [0.0, 0.0, 0.0]]])
     non_tensors = {"a": np.array([1.0, 0.0]), "b": np.array([1.0, 0.0]), "uid": np.array(["g", "g"], dtype=object)}
     advantages, returns = get_adv_estimator_fn("mrtpo")(
-        token_level_rewards=torch.zeros(2, 3), response_mask=torch.ones(2, 3), index=non_tensors["uid"],
-        config=AlgoConfig(), non_tensor_batch=non_tensors, batch={"mrtpo_relevance": relevance},
-        mrtpo_config=mrtpo_config(("a", "b"), warmup_steps=0), global_step=1,
+        token_level_rewards=torch.zeros(2, 3),
+        response_mask=torch.ones(2, 3),
+        index=non_tensors["uid"],
+        config=AlgoConfig(),
+        non_tensor_batch=non_tensors,
+        batch={"mrtpo_relevance": relevance},
+        mrtpo_config=mrtpo_config(("a", "b"), warmup_steps=0),
+        global_step=1,
     )
     s = 0.5 / (math.sqrt(0.5) + 1e-6)
     scale = 1.0 / math.sqrt(4 * s * s * 6 / 5 + 1e-8)
@@ -152,7 +167,7 @@ def test_non_finite_reward_is_an_error_naming_key_and_row(grouped_batch, bad) ->
 
 
 def test_missing_reward_key_is_an_error_listing_available_keys(grouped_batch) -> None:
-    with pytest.raises(KeyError, match="'style' not found.*available"):
+    with pytest.raises(KeyError, match=r"'style' not found.*available"):
         run_verl(grouped_batch, "mrtpo", AlgoConfig(), mrtpo_config(("format", "style")))
 
 

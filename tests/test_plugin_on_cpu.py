@@ -20,8 +20,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_fresh_interpreter_finds_mrtpo_through_the_entry_point() -> None:
     result = run_python(
-        "import sys\n" + LOOKUP + "\nprint(fn.__module__, fn.__name__)\n"
-        "assert 'mrtpo_verl.estimator' in sys.modules"
+        "import sys\n" + LOOKUP + "\nprint(fn.__module__, fn.__name__)\nassert 'mrtpo_verl.estimator' in sys.modules"
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[-2:] == ["mrtpo_verl.estimator", "compute_mrtpo_outcome_advantage"]
@@ -41,19 +40,23 @@ def test_broken_install_fails_loudly() -> None:
     verl 0.9.1 would log the failure at debug level and go on; our plugin logs it at ERROR with the
     traceback, and asking for `mrtpo` raises with the original cause instead of "Unknown estimator".
     """
-    code = textwrap.dedent(
-        """
+    code = (
+        textwrap.dedent(
+            """
         import sys
         sys.modules["mrtpo_verl.math.token_weights"] = None  # makes `import` of it raise ImportError
         """
-    ) + LOOKUP + textwrap.dedent(
-        """
+        )
+        + LOOKUP
+        + textwrap.dedent(
+            """
         try:
             fn(token_level_rewards=None, response_mask=None, config=None)
         except Exception as error:
             print(type(error).__name__)
             print(error)
         """
+        )
     )
     result = run_python(code)
     assert result.returncode == 0, result.stderr

@@ -29,9 +29,7 @@ def saw_reward_weights(rewards: torch.Tensor, reward_weights: torch.Tensor, eps:
         (K,) float32 weights c'_k; equal to ``reward_weights`` when no reward varies.
     """
     if rewards.dim() != 2 or rewards.shape[1] != reward_weights.shape[0]:
-        raise ValueError(
-            f"rewards must be (bs, K) with K = {reward_weights.shape[0]}, got {tuple(rewards.shape)}"
-        )
+        raise ValueError(f"rewards must be (bs, K) with K = {reward_weights.shape[0]}, got {tuple(rewards.shape)}")
     values = rewards.float()
     spread = values.std(dim=0, unbiased=False)
     cv = spread / (values.mean(dim=0).abs() + eps)

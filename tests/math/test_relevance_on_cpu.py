@@ -16,7 +16,9 @@ def scipy_reference(logits_p: torch.Tensor, logits_q: torch.Tensor) -> np.ndarra
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize(("n_tokens", "vocab", "chunk", "scale"), [(37, 100, 8, 1.0), (64, 1000, 64, 4.0), (5, 3, 2, 0.1)])
+@pytest.mark.parametrize(
+    ("n_tokens", "vocab", "chunk", "scale"), [(37, 100, 8, 1.0), (64, 1000, 64, 4.0), (5, 3, 2, 0.1)]
+)
 def test_matches_scipy_on_seeded_random_logits(seed: int, n_tokens: int, vocab: int, chunk: int, scale: float) -> None:
     generator = torch.Generator().manual_seed(seed)
     logits_p = torch.randn(n_tokens, vocab, generator=generator) * scale

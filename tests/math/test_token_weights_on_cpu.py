@@ -36,7 +36,9 @@ def test_mean_weight_over_valid_tokens_is_one(
     mask_bits = data.draw(st.lists(st.booleans(), min_size=batch * length, max_size=batch * length))
     mask = torch.tensor(mask_bits, dtype=torch.float32).reshape(batch, length)
     mask[:, 0] = 1.0  # every response has at least one token (length-1 responses included)
-    values = data.draw(st.lists(st.floats(0.0, 1.0), min_size=batch * rewards * length, max_size=batch * rewards * length))
+    values = data.draw(
+        st.lists(st.floats(0.0, 1.0), min_size=batch * rewards * length, max_size=batch * rewards * length)
+    )
     relevance = torch.tensor(values, dtype=torch.float32).reshape(batch, rewards, length)
     weights = token_weights(relevance, mask, beta=beta, ratio_cap=cap)
     valid = mask.bool().unsqueeze(1).expand_as(weights)
@@ -85,7 +87,9 @@ def test_all_padding_response_gets_weight_one() -> None:
         (torch.full((2, 1, 3), float("nan")), torch.ones(2, 3), 0.5, None, "finite"),
     ],
 )
-def test_bad_arguments_raise(relevance: torch.Tensor, mask: torch.Tensor, beta: float, cap: float | None, message: str) -> None:
+def test_bad_arguments_raise(
+    relevance: torch.Tensor, mask: torch.Tensor, beta: float, cap: float | None, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         token_weights(relevance, mask, beta=beta, ratio_cap=cap)
 
