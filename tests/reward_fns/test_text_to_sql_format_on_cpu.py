@@ -115,7 +115,7 @@ def test_format_info_states_the_expected_format() -> None:
 
 
 prose_without_backticks = st.text(
-    alphabet=st.characters(blacklist_characters="`", blacklist_categories=("Cs",)), max_size=200
+    alphabet=st.characters(exclude_characters="`", exclude_categories=["Cs"]), max_size=200
 )
 
 
