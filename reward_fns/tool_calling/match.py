@@ -23,7 +23,9 @@ mandatory ones::
     s(c, r) = (s_name + s_args + s_value) / 3
 
 Optional arguments left out cost nothing; extra arguments cost in ``s_args``;
-missing ones in both ``s_args`` and ``s_value``.
+missing ones in both ``s_args`` and ``s_value``. The argument terms are computed
+against the reference call even when the names differ, so the right arguments
+under a wrong name keep 2/3.
 
 Over all calls (parallel calls are unordered), with ``n`` model calls and ``m``
 reference calls, the best one-to-one assignment (Hungarian algorithm) gives::
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +53,8 @@ from reward_fns.tool_calling.reference import OPTIONAL_MARKER, ReferenceCall, To
 from reward_fns.tool_calling.schema_types import conforms_to_schema
 
 _IGNORED_STRING_CHARACTERS = re.compile(r"[\s,./\-_*^]")
+_SHORT_REPR = reprlib.Repr()  # Python 3.11's Repr takes no keyword arguments.
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxlist, _SHORT_REPR.maxdict, _SHORT_REPR.maxstring = 3, 4, 4, 60
 
 
 def normalize_string(text: str) -> str:
@@ -137,10 +142,9 @@ class CallScore:
         return (self.name + self.argument_names + self.argument_values) / 3
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    """``repr`` cut to ``limit`` characters, so one huge argument cannot flood the verifier information."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+def _short(value: Any) -> str:
+    """A bounded ``repr``, so one huge or deeply nested argument cannot flood the verifier information."""
+    return _SHORT_REPR.repr(value)
 
 
 def _ratio(numerator: int, denominator: int) -> float:

@@ -97,8 +97,9 @@ def _decode_json_values(text: str) -> list[Any]:
             raise ToolCallFormatError(f"invalid JSON: {whole_error}") from None
         try:
             return [json.loads(line) for line in lines]
-        except (ValueError, RecursionError) as line_error:
-            raise ToolCallFormatError(f"invalid JSON: {line_error}") from None
+        except (ValueError, RecursionError):
+            # The whole-block error points at the real problem more often than a per-line one.
+            raise ToolCallFormatError(f"invalid JSON: {whole_error}") from None
 
 
 def parse_json_calls(text: str, position: str = "block") -> list[ToolCall]:
@@ -114,8 +115,12 @@ def parse_json_calls(text: str, position: str = "block") -> list[ToolCall]:
     Raises:
         ToolCallFormatError: the content is not JSON or a call is malformed.
     """
+    try:
+        values = _decode_json_values(text.strip())
+    except ToolCallFormatError as error:
+        raise ToolCallFormatError(f"{position}: {error}") from None
     calls: list[ToolCall] = []
-    for value in _decode_json_values(text.strip()):
+    for value in values:
         candidates = value if isinstance(value, list) else [value]
         calls.extend(_call_from_json_object(candidate, position) for candidate in candidates)
     return calls
@@ -123,11 +128,14 @@ def parse_json_calls(text: str, position: str = "block") -> list[ToolCall]:
 
 def _dotted_name(node: ast.expr) -> str:
     """``a.b.c`` for a chain of plain names; anything else (calls, subscripts) is refused."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return f"{_dotted_name(node.value)}.{node.attr}"
-    raise ToolCallFormatError(f"callee must be a plain dotted name, got {type(node).__name__} expression")
+    attributes: list[str] = []
+    # A loop, not recursion: the chain length is chosen by the model.
+    while isinstance(node, ast.Attribute):
+        attributes.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        raise ToolCallFormatError(f"callee must be a plain dotted name, got {type(node).__name__} expression")
+    return ".".join([node.id, *reversed(attributes)])
 
 
 def _as_json_data(value: Any) -> Any:
@@ -231,6 +239,8 @@ def parse_response(response: Any) -> ParsedResponse:
         calls = _parse_calls(_THINK_SECTION.sub("", response))
     except ToolCallFormatError as error:
         return ParsedResponse(error=str(error))
+    except RecursionError:
+        return ParsedResponse(error="the response is nested too deeply to read")
     if not calls:
         return ParsedResponse(error="the response holds no tool call")
     return ParsedResponse(calls=tuple(calls))
