@@ -28,7 +28,16 @@ setup(
         "hydra-core",
         "transformers",
         "gguf",
+        "rich",
+        # text-to-SQL verifier
         "sqlglot",
+        # instruction-following checker libraries (IFEval, IFBench) import these
+        "nltk",
+        "langdetect",
+        "immutabledict",
+        "emoji",
+        "syllapy",
+        "absl-py",
     ],
     extras_require={
         "test": ["pytest", "hypothesis", "scipy", "ruff", "mypy"],
