@@ -32,8 +32,10 @@ reference calls, the best one-to-one assignment (Hungarian algorithm) gives::
 
     tool_correctness = max_assignment Σ s(c, r) / max(n, m)
 
-so unmatched (missing or surplus) calls count 0. The score is 1 exactly when
-BFCL's checker would accept the answer, and lies in [0, 1].
+so unmatched (missing or surplus) calls count 0. The score lies in [0, 1] and is
+1 exactly when every reference call is matched by one model call with the right
+name, no unknown or missing arguments and only acceptable values: the
+acceptance condition of BFCL's AST checker.
 """
 
 from __future__ import annotations
