@@ -1,7 +1,7 @@
 """Runs untrusted SQL against an SQLite database without letting it change anything.
 
-Layers of protection, each enough on its own for writes, together also for time
-and memory:
+Several independent layers, so that no single mistake lets a write through
+(the tests check that writes fail even with the authorizer switched off):
 
 * the file is opened read-only (``file:PATH?mode=ro`` URI) and the connection
   is put in ``PRAGMA query_only=1``;
@@ -9,7 +9,8 @@ and memory:
   columns, recursive CTEs and ordinary functions. Writes, schema changes,
   ATTACH/DETACH, PRAGMA, transactions and dangerous functions such as
   ``load_extension`` are refused when the statement is prepared, before it runs;
-* extension loading is switched off and at most 0 databases may be attached;
+* extension loading is switched off and at most 0 databases may be attached
+  (``SQLITE_LIMIT_ATTACHED``), which also stops ``VACUUM INTO``;
 * a wall-clock deadline interrupts the query from inside SQLite
   (``set_progress_handler`` returns non-zero once the deadline has passed), so
   no thread is left running;

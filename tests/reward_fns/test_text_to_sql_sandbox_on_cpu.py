@@ -17,7 +17,7 @@ from reward_fns.text_to_sql.sandbox import QueryError, ReadOnlyDatabase, databas
 
 DEADLINE_S = 0.5
 # Slack for scheduling on a busy 2-core machine; the interrupt itself lands within milliseconds.
-DEADLINE_MARGIN_S = 0.4
+DEADLINE_MARGIN_S = 0.5
 
 # Each statement would change the database, escape it, or run without end.
 # The ATTACH target is created relative to the test's temporary folder (see `hostile_sql`).
@@ -129,6 +129,23 @@ def test_refusals_say_why(name: str, kind: str, message: str, world_copy: Path, 
         database.execute(hostile_sql(name, tmp_path), timeout_s=DEADLINE_S)
     assert caught.value.kind == kind
     database.close()
+
+
+@pytest.mark.parametrize(
+    "name", ["delete", "insert", "update", "attach", "vacuum-into", "pragma-user-version", "create-temp-table"]
+)
+def test_writes_fail_even_without_the_authorizer(name: str, world_copy: Path, tmp_path: Path) -> None:
+    # White-box check of defence in depth: the read-only open, query_only and the
+    # attach limit must stop writes on their own, should the authorizer ever let one through.
+    before = fingerprint(world_copy.parent)
+    database = ReadOnlyDatabase(world_copy)
+    database._connection.set_authorizer(None)
+    with pytest.raises(QueryError) as caught:
+        database.execute(hostile_sql(name, tmp_path))
+    database.close()
+    assert caught.value.kind == "sqlite"
+    assert fingerprint(world_copy.parent) == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["db"]
 
 
 def test_deadline_interrupts_close_to_the_deadline(world_copy: Path) -> None:

@@ -53,7 +53,7 @@ def test_every_gold_query_scores_full_marks() -> None:
     assert failures == []
 
 
-def test_result_has_the_same_keys_and_types_whatever_happens(tmp_path: Path) -> None:
+def test_result_has_the_same_keys_and_types_whatever_happens() -> None:
     ground_truth = {"sql": "SELECT name FROM singer", "db_id": "concert_singer"}
     responses = [
         as_response("SELECT name FROM singer"),
