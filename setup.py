@@ -29,6 +29,7 @@ setup(
         "transformers",
         "gguf",
         "rich",
+        "scipy",
         # text-to-SQL verifier
         "sqlglot",
         # instruction-following checker libraries (IFEval, IFBench) import these
