@@ -95,6 +95,7 @@ class MRTPOConfig:
     ablation: str = "none"
     shuffle_seed: int = 0
     reweighting: str = "none"
+    dry_run: bool = False
     replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     @property
@@ -165,6 +166,8 @@ class MRTPOConfig:
             raise _fail("ablation", f"got {self.ablation!r}", " | ".join(ABLATIONS))
         if self.reweighting not in REWEIGHTINGS:
             raise _fail("reweighting", f"got {self.reweighting!r}", " | ".join(REWEIGHTINGS))
+        if not isinstance(self.dry_run, bool):
+            raise _fail("dry_run", f"got {self.dry_run!r}", "true | false")
         if not isinstance(self.shuffle_seed, int):
             raise _fail("shuffle_seed", f"got {self.shuffle_seed!r}", "an integer")
         self.replay.validate()
