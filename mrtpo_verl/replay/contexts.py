@@ -1,0 +1,351 @@
+"""Replay contexts: the prompt rendered with all verifier information, and with each piece left out (SPEC §1.2).
+
+For one response ``y`` to prompt ``x`` with verifier-information strings ``v_1..v_K`` (reward order =
+``mrtpo.reward_keys``):
+
+    C    = render(x, {v_1..v_K})            full context
+    C_-k = render(x, {v_i : i != k})        leave-one-out context of reward k
+
+``render`` appends a verifier block to the content of the LAST user turn and applies the chat template with
+the generation prompt. The block is ``ReplayConfig.verifier_header`` followed by one
+``ReplayConfig.verifier_item_template.format(name=key, info=text)`` per included verifier, all separated by
+blank lines; with no verifier included there is no block (and no header). The response token ids are reused
+unchanged; the scorer appends them to every context.
+
+The prompt comes in one of two forms:
+
+* chat messages ``[{"role": ..., "content": ...}, ...]`` (verl's ``non_tensor_batch["raw_prompt"]``): the
+  block is appended to the last user message's content and the template is applied to the messages.
+* prompt token ids with padding removed (what verl keeps in ``batch["prompts"]``): the ids are decoded with
+  special tokens kept; the text is expected to end with "end of a user turn + generation prompt", both
+  learnt from the tokenizer's own chat template by rendering a probe conversation (nothing model-specific is
+  hard-coded); the block is inserted right before that suffix, i.e. at the end of the last user turn, and
+  the text is re-tokenized. Every context of such a prompt, even one without a block, goes through the same
+  decode → insert → re-tokenize path, so contexts differ only where the verifier block differs.
+
+Edge cases: an empty verifier text (None, or blank after ``strip``) leaves that verifier out of every context,
+so ``C_-k == C`` and its relevance is exactly 0 without a forward pass (``identical_to_full[k]``). A
+non-string text is a TypeError naming the reward key. When the longest context plus the response exceeds
+``max_context_tokens``, the verifier texts are truncated, longest first, to a common token cap (with a
+``…[truncated]`` marker), never the prompt or the response; if even the shortest possible texts do not fit,
+a ValueError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Any
+
+from mrtpo_verl.config import ReplayConfig
+
+__all__ = [
+    "TRUNCATION_MARKER",
+    "ReplayContextBuilder",
+    "ReplayContexts",
+    "count_truncated_verifiers",
+]
+
+#: Appended to a verifier text that was cut to fit ``max_context_tokens``.
+TRUNCATION_MARKER = "…[truncated]"
+
+# Content of the probe conversation used to learn where a chat template ends a user turn.
+_PROBE_CONTENT = "MRTPO_PROBE_USER_CONTENT"
+
+_Renderer = Callable[[str], str]  # verifier block ("" for none) → full prompt text with the generation prompt
+
+
+@dataclass(frozen=True)
+class ReplayContexts:
+    """The replay inputs of one response.
+
+    Attributes:
+        full_context_ids: (len C,) token ids of the full context ``C``.
+        leave_one_out_ids: K tuples, ``leave_one_out_ids[k]`` the token ids of ``C_-k``.
+        response_ids: (T,) the response token ids, unchanged.
+        identical_to_full: K flags; True where reward k has no verifier information, so ``C_-k == C`` and
+            its relevance is exactly 0 without a forward pass.
+        truncated: K flags; True where reward k's verifier text was cut to fit ``max_context_tokens``.
+    """
+
+    full_context_ids: tuple[int, ...]
+    leave_one_out_ids: tuple[tuple[int, ...], ...]
+    response_ids: tuple[int, ...]
+    identical_to_full: tuple[bool, ...]
+    truncated: tuple[bool, ...]
+
+    @property
+    def num_truncated(self) -> int:
+        """Verifier texts of this response that were truncated."""
+        return sum(self.truncated)
+
+
+def count_truncated_verifiers(contexts: Sequence[ReplayContexts]) -> int:
+    """Truncated verifier texts over a batch (one count per (response, reward)), e.g. for a metric."""
+    return sum(item.num_truncated for item in contexts)
+
+
+class ReplayContextBuilder:
+    """Builds :class:`ReplayContexts` with one tokenizer and one rendering configuration.
+
+    Args:
+        tokenizer: a transformers tokenizer with a chat template.
+        reward_keys: the K reward names, in reward order; used as ``{name}`` in the item template.
+        verifier_header: first line of the verifier block.
+        verifier_item_template: format string with ``{name}`` and ``{info}``, one per included verifier.
+        max_context_tokens: budget for the longest context plus the response, in tokens.
+        truncation_marker: appended to a truncated verifier text.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        reward_keys: Sequence[str],
+        verifier_header: str = ReplayConfig.verifier_header,
+        verifier_item_template: str = ReplayConfig.verifier_item_template,
+        max_context_tokens: int = ReplayConfig.max_context_tokens,
+        truncation_marker: str = TRUNCATION_MARKER,
+    ) -> None:
+        if not reward_keys:
+            raise ValueError("reward_keys is empty; the replay needs one verifier slot per reward")
+        if max_context_tokens < 1:
+            raise ValueError(f"max_context_tokens must be ≥ 1, got {max_context_tokens}")
+        self.tokenizer = tokenizer
+        self.reward_keys = tuple(reward_keys)
+        self.verifier_header = verifier_header
+        self.verifier_item_template = verifier_item_template
+        self.max_context_tokens = max_context_tokens
+        self.truncation_marker = truncation_marker
+        self._user_turn_tail: str | None = None  # learnt lazily: only token-id prompts need it
+
+    @classmethod
+    def from_config(cls, tokenizer: Any, reward_keys: Sequence[str], replay: ReplayConfig) -> ReplayContextBuilder:
+        """A builder with the header, item template and token budget of ``mrtpo.replay``."""
+        return cls(
+            tokenizer,
+            reward_keys,
+            verifier_header=replay.verifier_header,
+            verifier_item_template=replay.verifier_item_template,
+            max_context_tokens=replay.max_context_tokens,
+        )
+
+    def build(
+        self,
+        prompt: Sequence[Mapping[str, Any]] | Sequence[int] | Any,
+        response_ids: Sequence[int] | Any,
+        verifier_info: Sequence[str | None] | Any,
+    ) -> ReplayContexts:
+        """Full and leave-one-out contexts of one response.
+
+        Args:
+            prompt: chat messages (list of ``{"role", "content"}`` dicts, as in verl's ``raw_prompt``) or the
+                prompt's token ids without padding (list, numpy array or 1-D tensor).
+            response_ids: (T,) response token ids without padding.
+            verifier_info: K verifier-information strings in reward order; None or blank = no information.
+
+        Returns:
+            The contexts, with ``identical_to_full`` and ``truncated`` per reward.
+
+        Raises:
+            TypeError: a verifier text is neither a string nor None (the message names the reward key), or
+                the prompt is neither messages nor token ids.
+            ValueError: wrong number of verifier texts, no user turn, a token-id prompt that does not end
+                with a user turn and the generation prompt, or a context that cannot fit
+                ``max_context_tokens`` even with the shortest verifier texts.
+        """
+        texts = self._verifier_texts(verifier_info)
+        render = self._renderer(prompt)
+        response = _as_token_ids(response_ids, "response_ids")
+        included = [k for k, text in enumerate(texts) if text is not None]
+        texts, truncated = self._fit_to_budget(render, texts, included, len(response))
+        full = self._tokenize(render(self._block(texts, skip=None)))
+        leave_one_out = tuple(
+            self._tokenize(render(self._block(texts, skip=k))) if texts[k] is not None else full
+            for k in range(len(texts))
+        )
+        return ReplayContexts(
+            full_context_ids=full,
+            leave_one_out_ids=leave_one_out,
+            response_ids=response,
+            identical_to_full=tuple(text is None for text in texts),
+            truncated=truncated,
+        )
+
+    def build_batch(
+        self,
+        prompts: Sequence[Any],
+        responses: Sequence[Any],
+        verifier_infos: Sequence[Sequence[str | None]],
+    ) -> list[ReplayContexts]:
+        """:meth:`build` over a batch; use :func:`count_truncated_verifiers` for the truncation metric."""
+        if not len(prompts) == len(responses) == len(verifier_infos):
+            raise ValueError(
+                f"batch sizes differ: {len(prompts)} prompts, {len(responses)} responses, "
+                f"{len(verifier_infos)} verifier-info rows"
+            )
+        return [
+            self.build(prompt, response, info)
+            for prompt, response, info in zip(prompts, responses, verifier_infos, strict=True)
+        ]
+
+    # --- verifier block -------------------------------------------------------------------------------------
+
+    def _verifier_texts(self, verifier_info: Sequence[str | None] | Any) -> list[str | None]:
+        """Validate the K texts; blank ones become None (= absent from every context)."""
+        infos = list(verifier_info)
+        if len(infos) != len(self.reward_keys):
+            raise ValueError(f"{len(infos)} verifier-info texts for {len(self.reward_keys)} rewards {self.reward_keys}")
+        texts: list[str | None] = []
+        for key, info in zip(self.reward_keys, infos, strict=True):
+            if info is not None and not isinstance(info, str):
+                raise TypeError(
+                    f"verifier information for reward {key!r} must be a string or None, got {type(info).__name__}"
+                )
+            texts.append(info.strip() if info is not None and info.strip() else None)
+        return texts
+
+    def _block(self, texts: Sequence[str | None], skip: int | None) -> str:
+        """The verifier block with every present text except ``skip``; "" when none is left."""
+        items = [
+            self.verifier_item_template.format(name=self.reward_keys[k], info=text)
+            for k, text in enumerate(texts)
+            if text is not None and k != skip
+        ]
+        return "\n\n".join([self.verifier_header, *items]) if items else ""
+
+    # --- prompt rendering -----------------------------------------------------------------------------------
+
+    def _renderer(self, prompt: Any) -> _Renderer:
+        """A function block → rendered prompt text, for either prompt form."""
+        if _looks_like_messages(prompt):
+            return self._chat_renderer([dict(message) for message in prompt])
+        return self._token_id_renderer(_as_token_ids(prompt, "prompt"))
+
+    def _chat_renderer(self, messages: list[dict[str, Any]]) -> _Renderer:
+        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+        if last_user is None:
+            raise ValueError(f"the prompt has no user turn (roles: {[m.get('role') for m in messages]})")
+        content = messages[last_user].get("content")
+        if not isinstance(content, str):
+            raise TypeError(f"the last user turn's content must be a string, got {type(content).__name__}")
+
+        def render(block: str) -> str:
+            with_block = [dict(m) for m in messages]
+            if block:
+                with_block[last_user]["content"] = f"{content}\n\n{block}"
+            return self._apply_template(with_block)
+
+        return render
+
+    def _token_id_renderer(self, prompt_ids: tuple[int, ...]) -> _Renderer:
+        text = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        tail = self._learn_user_turn_tail()
+        if not text.endswith(tail):
+            raise ValueError(
+                f"the prompt's token ids do not end with the end of a user turn and the generation prompt "
+                f"({tail!r}, learnt from the chat template); decoded ending: {text[-80:]!r}"
+            )
+        head = text[: len(text) - len(tail)]
+
+        def render(block: str) -> str:
+            return f"{head}\n\n{block}{tail}" if block else text
+
+        return render
+
+    def _learn_user_turn_tail(self) -> str:
+        """Text after a user turn's content up to the end of the generation prompt, from a probe conversation.
+
+        E.g. ``"<|im_end|>\\n<|im_start|>assistant\\n"`` for ChatML templates.
+        """
+        if self._user_turn_tail is None:
+            probe = [{"role": "user", "content": _PROBE_CONTENT}]
+            with_prompt = self._apply_template(probe)
+            without_prompt = self._apply_template(probe, add_generation_prompt=False)
+            if not with_prompt.startswith(without_prompt) or _PROBE_CONTENT not in without_prompt:
+                raise ValueError("cannot locate the user turn's end in this chat template; pass chat messages instead")
+            end_of_turn = without_prompt[without_prompt.rindex(_PROBE_CONTENT) + len(_PROBE_CONTENT) :]
+            self._user_turn_tail = end_of_turn + with_prompt[len(without_prompt) :]
+        return self._user_turn_tail
+
+    def _apply_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        if not isinstance(text, str):
+            raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, expected str")
+        return text
+
+    def _tokenize(self, text: str) -> tuple[int, ...]:
+        # The rendered template already holds its special tokens (as apply_chat_template(tokenize=True) assumes).
+        return tuple(int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # --- token budget ---------------------------------------------------------------------------------------
+
+    def _fit_to_budget(
+        self, render: _Renderer, texts: list[str | None], included: list[int], response_length: int
+    ) -> tuple[list[str | None], tuple[bool, ...]]:
+        """Cut the verifier texts to the largest common token cap at which every context fits the budget.
+
+        Returns:
+            The (possibly truncated) texts and K flags of which were cut.
+        """
+        not_truncated = (False,) * len(texts)
+        if not included or self._fits(render, texts, included, response_length):
+            return texts, not_truncated
+        text_ids = {k: self._tokenize(texts[k] or "") for k in included}
+        if not self._fits(render, self._capped(texts, text_ids, 0), included, response_length):
+            shortest = self._longest_context(render, self._capped(texts, text_ids, 0), included)
+            raise ValueError(
+                f"replay context does not fit max_context_tokens={self.max_context_tokens}: prompt + verifier "
+                f"block with every verifier text cut to {self.truncation_marker!r} is {shortest} tokens, plus "
+                f"{response_length} response tokens; raise mrtpo.replay.max_context_tokens"
+            )
+        # Binary search on the cap (context length grows with it): fits at `low`, does not at `high`.
+        low, high = 0, max(len(ids) for ids in text_ids.values())
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self._fits(render, self._capped(texts, text_ids, middle), included, response_length):
+                low = middle
+            else:
+                high = middle
+        truncated = tuple(k in text_ids and len(text_ids[k]) > low for k in range(len(texts)))
+        return self._capped(texts, text_ids, low), truncated
+
+    def _capped(self, texts: list[str | None], text_ids: dict[int, tuple[int, ...]], cap: int) -> list[str | None]:
+        """Texts with more than ``cap`` tokens cut to their first ``cap`` tokens plus the marker."""
+        capped = list(texts)
+        for k, ids in text_ids.items():
+            if len(ids) > cap:
+                kept = self.tokenizer.decode(
+                    list(ids[:cap]), skip_special_tokens=False, clean_up_tokenization_spaces=False
+                )
+                # A cut inside a multi-byte character decodes to U+FFFD; drop it rather than show garbage.
+                capped[k] = kept.rstrip("\ufffd") + self.truncation_marker
+        return capped
+
+    def _fits(self, render: _Renderer, texts: list[str | None], included: list[int], response_length: int) -> bool:
+        return self._longest_context(render, texts, included) + response_length <= self.max_context_tokens
+
+    def _longest_context(self, render: _Renderer, texts: list[str | None], included: list[int]) -> int:
+        """Token length of the longest of C and the C_-k (usually C; tokenization is not strictly additive)."""
+        blocks = [self._block(texts, skip=None), *(self._block(texts, skip=k) for k in included)]
+        return max(len(self._tokenize(render(block))) for block in blocks)
+
+
+def _looks_like_messages(prompt: Any) -> bool:
+    if isinstance(prompt, str | bytes):
+        raise TypeError("the prompt must be chat messages or token ids, not a string")
+    try:
+        first = next(iter(prompt))
+    except StopIteration:
+        raise ValueError("the prompt is empty") from None
+    except TypeError:
+        raise TypeError(f"the prompt must be chat messages or token ids, got {type(prompt).__name__}") from None
+    return isinstance(first, Mapping)
+
+
+def _as_token_ids(ids: Any, what: str) -> tuple[int, ...]:
+    """A list / numpy array / 1-D tensor of integer ids → a tuple of Python ints."""
+    values = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    if not all(isinstance(value, Integral) and not isinstance(value, bool) for value in values):
+        raise TypeError(f"{what} must be a flat sequence of integer token ids")
+    return tuple(int(value) for value in values)
