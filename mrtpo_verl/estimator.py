@@ -35,7 +35,14 @@ from mrtpo_verl.math.reward_reweighting import saw_reward_weights
 from mrtpo_verl.math.token_advantage import weighted_token_advantage, whiten_with_statistics
 from mrtpo_verl.math.token_weights import beta_at_step, shuffle_within_responses, token_weights
 
-__all__ = ["ESTIMATOR_NAME", "RELEVANCE_KEY", "compute_mrtpo_outcome_advantage", "reward_component_matrix"]
+__all__ = [
+    "ESTIMATOR_NAME",
+    "RELEVANCE_KEY",
+    "compute_mrtpo_outcome_advantage",
+    "group_normalised_rewards",
+    "replay_needed",
+    "reward_component_matrix",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +88,21 @@ def reward_component_matrix(
     return torch.stack(columns, dim=1)
 
 
-def _group_normalised(
+def group_normalised_rewards(
     rewards: torch.Tensor, index: np.ndarray, epsilon: float, norm_by_std: bool, config: Any
 ) -> torch.Tensor:
-    """Â_k for every reward through verl's GRPO outcome advantage, one reward at a time. (bs, K) → (bs, K)."""
+    """Â_k for every reward through verl's GRPO outcome advantage, one reward at a time.
+
+    Args:
+        rewards: (bs, K) reward components.
+        index: (bs,) group ids.
+        epsilon: GRPO's std floor.
+        norm_by_std: divide by the group std.
+        config: verl's AlgoConfig, passed through.
+
+    Returns:
+        (bs, K) float32 group-normalised advantages.
+    """
     ones = torch.ones(rewards.shape[0], 1, dtype=torch.float32)
     columns = []
     for k in range(rewards.shape[1]):
@@ -98,6 +116,32 @@ def _group_normalised(
         )
         columns.append(normalised[:, 0])
     return torch.stack(columns, dim=1)
+
+
+def replay_needed(
+    rewards: torch.Tensor, index: np.ndarray, epsilon: float, norm_by_std: bool, config: Any
+) -> torch.Tensor:
+    """Exact skipping (SPEC §1.7): which (response, reward) pairs the replay must score.
+
+    Reward k's token weights multiply ``Â_k``; where ``Â_k = 0`` for every response of a group
+    (reward k constant in the group) the weights cannot change the advantage, so the pair needs
+    no replay. Computed with the same verl GRPO helper as the advantage itself, so "zero" means
+    exactly the zeros the estimator will see.
+
+    Args:
+        rewards: (bs, K) reward components.
+        index: (bs,) group ids.
+
+    Returns:
+        (bs, K) bool, True where the replay is needed.
+    """
+    advantages = group_normalised_rewards(rewards, index, epsilon, norm_by_std, config)
+    nonzero = advantages != 0
+    groups = {uid: np.flatnonzero(index == uid) for uid in dict.fromkeys(index.tolist())}
+    needed = torch.zeros_like(nonzero)
+    for rows in groups.values():
+        needed[rows] = nonzero[rows].any(dim=0, keepdim=True).expand(len(rows), -1)
+    return needed
 
 
 def _relevance_or_none(batch: Mapping[str, Any] | None, shape: tuple[int, int, int]) -> torch.Tensor | None:
@@ -191,7 +235,7 @@ def compute_mrtpo_outcome_advantage(
     reward_weights = torch.tensor(cfg.weights_or_ones, dtype=torch.float32, device=response_mask.device)
     if cfg.reweighting == "saw":
         reward_weights = saw_reward_weights(rewards, reward_weights)
-    reward_advantages = _group_normalised(rewards, index, epsilon, norm_adv_by_std_in_grpo, config)
+    reward_advantages = group_normalised_rewards(rewards, index, epsilon, norm_adv_by_std_in_grpo, config)
 
     relevance = _relevance_or_none(batch, (batch_size, len(cfg.reward_keys), response_length))
     weights, beta_s = _token_weights_for_step(relevance, response_mask, cfg, global_step)

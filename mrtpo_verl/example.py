@@ -67,7 +67,11 @@ def build_batch() -> DataProto:
     non_tensors = {"uid": np.array(["q0"] * len(GROUP), dtype=object)}
     for k, key in enumerate(REWARD_KEYS):
         non_tensors[key] = np.array([rewards[k] for _, rewards in GROUP])
-    tensors = {"response_mask": mask, "token_level_rewards": torch.zeros(len(GROUP), length), "mrtpo_relevance": relevance}
+    tensors = {
+        "response_mask": mask,
+        "token_level_rewards": torch.zeros(len(GROUP), length),
+        "mrtpo_relevance": relevance,
+    }
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
 
@@ -78,7 +82,9 @@ def advantages(data: DataProto, estimator: str) -> torch.Tensor:
     if estimator == "gdpo":
         # verl's gdpo reads the response length from prompts/attention_mask.
         fresh.batch["prompts"] = torch.zeros(len(data), 1, dtype=torch.long)
-        fresh.batch["attention_mask"] = torch.cat([torch.ones(len(data), 1, dtype=torch.long), data.batch["response_mask"]], 1)
+        fresh.batch["attention_mask"] = torch.cat(
+            [torch.ones(len(data), 1, dtype=torch.long), data.batch["response_mask"]], 1
+        )
         return compute_advantage(fresh, adv_estimator="gdpo", config=algo).batch["advantages"]
     cfg = MRTPOConfig(reward_keys=REWARD_KEYS, verifier_info_keys=tuple(f"{k}_info" for k in REWARD_KEYS))
     with advantage_inputs(fresh, cfg, global_step=cfg.warmup_steps):

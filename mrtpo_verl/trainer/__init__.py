@@ -1,0 +1,1 @@
+"""verl glue for the training step: the replay stage and the v1 trainer that runs it."""

@@ -1,0 +1,145 @@
+"""The replay stage of a training step: relevance ``q`` (bs, K, L) for the ``mrtpo`` estimator.
+
+Runs after rewards, old log-probs and ref, before the advantage. The driver decides *what* to
+replay (exact skipping, SPEC §1.7), hands one ``DataProto`` to a replay backend — a Ray worker
+group dispatched by data-parallel rank, or an in-process scorer — and turns what comes back into
+the relevance tensor and metrics. Full-vocabulary tensors never leave the workers: they return
+(bs, K, L) distances.
+
+Backends implement ``compute_relevance(request: DataProto) -> DataProto`` (the request layout is
+:func:`build_request`'s; the answer holds ``mrtpo_relevance`` and per-row counters, see
+:mod:`mrtpo_verl.replay.batch_relevance`) and optionally ``before_step(global_step) -> dict``
+(e.g. to push the actor's new weights to a dedicated pool and report the cost).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol
+
+import torch
+from verl.protocol import DataProto
+
+from mrtpo_verl.config import MRTPOConfig
+from mrtpo_verl.estimator import RELEVANCE_KEY, replay_needed, reward_component_matrix
+from mrtpo_verl.metrics import relevance_metrics
+
+__all__ = ["NEEDED_KEY", "ReplayBackend", "ReplayStage", "ReplayWorkerFailed", "build_replay_stage", "build_request"]
+
+logger = logging.getLogger(__name__)
+
+#: (bs, K) bool in the request: which (response, reward) pairs to score.
+NEEDED_KEY = "mrtpo_needed"
+#: Per-row counters a backend returns next to the relevance.
+COUNTER_KEYS = ("mrtpo_forward_passes", "mrtpo_skipped_passes", "mrtpo_tokens_replayed", "mrtpo_truncated_contexts")
+
+
+class ReplayWorkerFailed(RuntimeError):
+    """A replay worker failed; the message names the worker group and the step."""
+
+
+class ReplayBackend(Protocol):
+    name: str
+
+    def compute_relevance(self, request: DataProto) -> DataProto: ...
+
+
+def build_request(data: DataProto, cfg: MRTPOConfig, needed: torch.Tensor) -> DataProto:
+    """The replay request: token ids, masks, the needed pairs and the verifier information.
+
+    Args:
+        data: the step's batch with ``prompts`` (bs, P), ``attention_mask`` (bs, P + L),
+            ``responses`` (bs, L), ``response_mask`` (bs, L), and in ``non_tensor_batch`` one
+            verifier-info array per ``cfg.verifier_info_keys`` (and ``raw_prompt`` if verl kept it).
+        cfg: the ``mrtpo`` block.
+        needed: (bs, K) bool.
+    """
+    tensors = {key: data.batch[key] for key in ("prompts", "attention_mask", "responses", "response_mask")}
+    tensors[NEEDED_KEY] = needed
+    non_tensors = {key: data.non_tensor_batch[key] for key in cfg.verifier_info_keys}
+    if "raw_prompt" in data.non_tensor_batch:
+        non_tensors["raw_prompt"] = data.non_tensor_batch["raw_prompt"]
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+
+
+def check_verifier_information(data: DataProto, cfg: MRTPOConfig) -> None:
+    """Every configured verifier-info key must be in the batch: checked before any replay runs."""
+    missing = [key for key in cfg.verifier_info_keys if key not in data.non_tensor_batch]
+    if missing:
+        raise KeyError(
+            f"mrtpo: no verifier information {missing} in the batch (non_tensor_batch keys: "
+            f"{sorted(data.non_tensor_batch)}); the reward function must return each of mrtpo.verifier_info_keys"
+        )
+
+
+class ReplayStage:
+    """Decides what to replay, calls the backend, and returns relevance with its metrics."""
+
+    def __init__(self, cfg: MRTPOConfig, algo_config: Any, backend: ReplayBackend) -> None:
+        self.cfg = cfg
+        self.algo_config = algo_config
+        self.backend = backend
+
+    def needed_pairs(self, data: DataProto) -> torch.Tensor:
+        """(bs, K) bool: all True without skipping; else the pairs whose group advantage is not 0."""
+        rewards = reward_component_matrix(data.non_tensor_batch, self.cfg.reward_keys, len(data))
+        if not self.cfg.replay.skip_zero_advantage:
+            return torch.ones_like(rewards, dtype=torch.bool)
+        norm_by_std = bool(self.algo_config.get("norm_adv_by_std_in_grpo", True)) if self.algo_config else True
+        return replay_needed(rewards, data.non_tensor_batch["uid"], 1e-6, norm_by_std, self.algo_config)
+
+    def run(self, data: DataProto, global_step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """Relevance (bs, K, L) for the batch, and the stage's metrics."""
+        check_verifier_information(data, self.cfg)
+        needed = self.needed_pairs(data)
+        metrics: dict[str, float] = {}
+        before_step = getattr(self.backend, "before_step", None)
+        if before_step is not None:
+            metrics.update(before_step(global_step))
+        request = build_request(data, self.cfg, needed)
+        start = time.perf_counter()
+        try:
+            answer = self.backend.compute_relevance(request)
+        except Exception as error:
+            return self._on_failure(error, data, global_step, metrics)
+        elapsed = time.perf_counter() - start
+        relevance = answer.batch[RELEVANCE_KEY].float()
+        metrics.update(self._stage_metrics(answer, needed, elapsed))
+        metrics.update(relevance_metrics(relevance, data.batch["response_mask"], needed, self.cfg.reward_keys))
+        return relevance, metrics
+
+    def _on_failure(
+        self, error: Exception, data: DataProto, global_step: int, metrics: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        message = f"mrtpo replay worker group {self.backend.name!r} failed at global step {global_step}: {error!r}"
+        if self.cfg.replay.on_worker_failure != "uniform":
+            raise ReplayWorkerFailed(message) from error
+        # Zero relevance gives q̄ = 0 and so weight 1 everywhere: exactly GDPO for this step.
+        logger.error("%s; using uniform token weights for this step (mrtpo.replay.on_worker_failure=uniform)", message)
+        shape = (len(data), len(self.cfg.reward_keys), data.batch["response_mask"].shape[1])
+        metrics["mrtpo/replay/failed"] = 1.0
+        return torch.zeros(shape), metrics
+
+    @staticmethod
+    def _stage_metrics(answer: DataProto, needed: torch.Tensor, elapsed: float) -> dict[str, float]:
+        counts = {key: float(answer.batch[key].sum()) for key in COUNTER_KEYS}
+        passes = counts["mrtpo_forward_passes"] + counts["mrtpo_skipped_passes"]
+        return {
+            "mrtpo/replay/time_s": elapsed,
+            "mrtpo/replay/forward_passes": counts["mrtpo_forward_passes"],
+            "mrtpo/replay/skip_fraction": counts["mrtpo_skipped_passes"] / passes if passes else 0.0,
+            "mrtpo/replay/pair_skip_fraction": 1.0 - float(needed.float().mean()) if needed.numel() else 0.0,
+            "mrtpo/replay/tokens_replayed": counts["mrtpo_tokens_replayed"],
+            "mrtpo/replay/tokens_per_s": counts["mrtpo_tokens_replayed"] / elapsed if elapsed > 0 else 0.0,
+            "mrtpo/replay/truncated_contexts": counts["mrtpo_truncated_contexts"],
+            "mrtpo/replay/failed": 0.0,
+        }
+
+
+def build_replay_stage(trainer: Any) -> ReplayStage:
+    """The replay stage for a running trainer, on the placement ``mrtpo.replay.placement`` asks for."""
+    from mrtpo_verl.workers.placement import build_backend
+
+    cfg: MRTPOConfig = trainer.mrtpo_config
+    return ReplayStage(cfg, trainer.config.algorithm, build_backend(trainer, cfg))

@@ -1,0 +1,1 @@
+"""Replay workers: a verl single-controller ``Worker`` and the placements that run it."""

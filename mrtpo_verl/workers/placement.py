@@ -1,0 +1,144 @@
+"""Where the replay runs: a dedicated Ray worker group, or in the driver's process.
+
+- ``dedicated`` (``mrtpo.replay.placement``): a ``RayWorkerGroup`` of :class:`ReplayWorker` on its
+  own ``RayResourcePool`` (CPU or GPU), loading the model itself; before each step it receives
+  the actor's current weights when the trainer can provide them, and the cost is a metric.
+- ``InProcessBackend``: the same scorer in the calling process (tests, the CPU demo, debugging).
+- ``colocated`` — replay inside the actor's processes with the actor engine's current weights —
+  is not available yet: building it needs verl's engine running, which this CPU-only project
+  cannot exercise; a run that asks for it stops at start-up with that reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import ray
+from verl.protocol import DataProto
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+from mrtpo_verl.config import MRTPOConfig
+from mrtpo_verl.workers.replay_worker import REPLAY_ROLE, ReplayWorker
+
+__all__ = ["DedicatedBackend", "InProcessBackend", "build_backend", "create_replay_worker_group"]
+
+
+def _plain_block(cfg: MRTPOConfig) -> dict[str, Any]:
+    block = dataclasses.asdict(cfg)
+    for key in ("reward_keys", "verifier_info_keys", "reward_weights"):
+        if block[key] is not None:
+            block[key] = list(block[key])
+    return block
+
+
+def create_replay_worker_group(
+    cfg: MRTPOConfig,
+    model_path: str | None,
+    process_on_nodes: list[int],
+    device: str = "cpu",
+    cpus_per_worker: int = 1,
+) -> RayWorkerGroup:
+    """A ``RayWorkerGroup`` of replay workers, ``process_on_nodes[i]`` of them on node i, models loaded.
+
+    Args:
+        cfg: the ``mrtpo`` block.
+        model_path: local HF model dir, or None for the embedded SmolLM2.
+        process_on_nodes: workers per node (Ray places bundles node by node).
+        device: "cpu" or "cuda"; on CPU each bundle asks for ``cpus_per_worker`` CPUs.
+        cpus_per_worker: CPU threads of each worker.
+    """
+    use_gpu = device == "cuda"
+    # verl's default max_colocate_count asks for 10 CPUs per bundle; a CPU pool must ask for what it uses.
+    pool = RayResourcePool(
+        process_on_nodes=process_on_nodes, use_gpu=use_gpu, max_colocate_count=cpus_per_worker, name_prefix=REPLAY_ROLE
+    )
+    worker_cls = RayClassWithInitArgs(
+        cls=ray.remote(ReplayWorker),
+        mrtpo_block=_plain_block(cfg),
+        model_path=model_path,
+        device=device,
+        torch_threads=cpus_per_worker,
+    )
+    group = RayWorkerGroup(
+        resource_pool=pool,
+        ray_cls_with_init=worker_cls,
+        name_prefix=REPLAY_ROLE,
+        device_name="cuda" if use_gpu else "cpu",
+    )
+    group.init_model()
+    return group
+
+
+class DedicatedBackend:
+    """Replay on a dedicated worker group; pushes fresh weights before a step when given a source.
+
+    Args:
+        group: the replay ``RayWorkerGroup``.
+        weight_source: optional callable ``() -> state_dict`` (the actor's current weights).
+    """
+
+    name = REPLAY_ROLE
+
+    def __init__(self, group: RayWorkerGroup, weight_source: Any = None) -> None:
+        self.group = group
+        self.weight_source = weight_source
+
+    def before_step(self, global_step: int) -> dict[str, float]:
+        if self.weight_source is None:
+            return {}
+        start = time.perf_counter()
+        state_dict = self.weight_source()
+        fetched = time.perf_counter()
+        reference = ray.put(state_dict)  # one copy in the object store, read by every worker
+        load_times = self.group.set_weights(reference)
+        return {
+            "mrtpo/replay/weight_fetch_s": fetched - start,
+            "mrtpo/replay/weight_sync_s": time.perf_counter() - fetched,
+            "mrtpo/replay/weight_load_s_max": float(max(load_times)),
+        }
+
+    def compute_relevance(self, request: DataProto) -> DataProto:
+        # verl's DP dispatch splits the request into world_size equal chunks; pad to a multiple.
+        from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+
+        padded, pad = pad_dataproto_to_divisor(request, self.group.world_size)
+        return unpad_dataproto(self.group.compute_relevance(padded), pad)
+
+
+class InProcessBackend:
+    """The same computation in the calling process (no Ray)."""
+
+    name = "in_process"
+
+    def __init__(self, cfg: MRTPOConfig, model: Any, tokenizer: Any) -> None:
+        from mrtpo_verl.replay.contexts import ReplayContextBuilder
+        from mrtpo_verl.replay.scorer import ReplayScorer
+
+        self.cfg = cfg
+        self.builder = ReplayContextBuilder.from_config(tokenizer, cfg.reward_keys, cfg.replay)
+        self.scorer = ReplayScorer.from_config(model, cfg.replay)
+
+    def compute_relevance(self, request: DataProto) -> DataProto:
+        from mrtpo_verl.replay.batch_relevance import relevance_for_request
+
+        return relevance_for_request(request, self.builder, self.scorer, self.cfg.verifier_info_keys)
+
+
+def build_backend(trainer: Any, cfg: MRTPOConfig) -> Any:
+    """The backend ``mrtpo.replay.placement`` asks for, for a running verl trainer."""
+    if cfg.replay.placement == "colocated":
+        raise NotImplementedError(
+            "mrtpo.replay.placement=colocated (replay in the actor's processes with the engine's weights) is not "
+            "implemented yet; use mrtpo.replay.placement=dedicated"
+        )
+    device = cfg.replay.dedicated_device
+    if device == "auto":
+        device = "cuda" if str(trainer.config.trainer.get("device", "cuda")) == "cuda" else "cpu"
+    nnodes = int(trainer.config.trainer.nnodes)
+    per_node = [max(1, cfg.replay.dedicated_workers // nnodes)] * nnodes
+    group = create_replay_worker_group(
+        cfg, trainer.config.actor_rollout_ref.model.path, per_node, device, cfg.replay.dedicated_cpus_per_worker
+    )
+    return DedicatedBackend(group, weight_source=getattr(trainer, "mrtpo_actor_state_dict", None))

@@ -1,0 +1,82 @@
+"""``ReplayWorker``: a verl single-controller worker that scores replay requests.
+
+Run through verl's own machinery (``RayWorkerGroup`` on a ``RayResourcePool``), each worker loads
+the policy model once, receives the actor's weights when they change, and answers
+``compute_relevance`` for its data-parallel shard (``Dispatch.DP_COMPUTE_PROTO``: verl splits the
+request by rank and concatenates the answers). Its Ray actors are named
+``mrtpo_replayReplayWorker_<rank>:<i>``, so the replay shows as its own role in the Ray dashboard.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from verl.protocol import DataProto
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+
+from mrtpo_verl.config import MRTPOConfig
+
+__all__ = ["REPLAY_ROLE", "ReplayWorker"]
+
+#: Name prefix of the worker group (and so of its Ray actors).
+REPLAY_ROLE = "mrtpo_replay"
+
+
+class ReplayWorker(Worker):
+    """One replay process.
+
+    Args:
+        mrtpo_block: the ``mrtpo`` block as a plain dict (validated again here).
+        model_path: a local HF model directory, or None for the embedded SmolLM2-135M-Instruct.
+        device: "cpu" or "cuda".
+        torch_threads: intra-op threads on CPU (None = torch's default).
+    """
+
+    def __init__(
+        self, mrtpo_block: dict[str, Any], model_path: str | None, device: str = "cpu", torch_threads: int | None = None
+    ) -> None:
+        super().__init__()
+        self.mrtpo = MRTPOConfig.from_block(mrtpo_block)
+        self.model_path = model_path
+        self.device = device
+        self.torch_threads = torch_threads
+        self.model: Any = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> float:
+        """Load the model and tokenizer; returns the load time in seconds."""
+        from mrtpo_verl.replay.contexts import ReplayContextBuilder
+        from mrtpo_verl.replay.model_loading import load_causal_lm
+        from mrtpo_verl.replay.scorer import ReplayScorer
+
+        start = time.perf_counter()
+        if self.torch_threads is not None:
+            torch.set_num_threads(self.torch_threads)
+        self.model, self.tokenizer = load_causal_lm(self.model_path)
+        self.model.to(self.device)
+        self.builder = ReplayContextBuilder.from_config(self.tokenizer, self.mrtpo.reward_keys, self.mrtpo.replay)
+        self.scorer = ReplayScorer.from_config(self.model, self.mrtpo.replay)
+        return time.perf_counter() - start
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_weights(self, state_dict: dict[str, torch.Tensor]) -> float:
+        """Load the actor's updated weights (a full state dict); returns the seconds it took."""
+        start = time.perf_counter()
+        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        if unexpected or [m for m in missing if not m.endswith("lm_head.weight")]:
+            raise ValueError(
+                f"replay worker: weights do not match the model (missing {missing}, unexpected {unexpected})"
+            )
+        return time.perf_counter() - start
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_relevance(self, request: DataProto) -> DataProto:
+        """Relevance (shard, K, L) and counters for this worker's shard of the request."""
+        from mrtpo_verl.replay.batch_relevance import relevance_for_request
+
+        if self.model is None:
+            raise RuntimeError("replay worker: init_model was not called")
+        return relevance_for_request(request, self.builder, self.scorer, self.mrtpo.verifier_info_keys)
