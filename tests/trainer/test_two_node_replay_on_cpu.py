@@ -1,0 +1,74 @@
+"""Dedicated replay placement on a real two-node Ray cluster on loopback (Ray's own test cluster).
+
+One replay worker per node, each loading SmolLM2-135M-Instruct itself, dispatched by verl's
+RayWorkerGroup (DP_COMPUTE_PROTO): the relevance must equal the in-process scorer's, and pushing
+new weights must change it exactly as it changes the in-process result.
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+from ray.cluster_utils import Cluster
+from ray.util.state import list_actors
+
+from mrtpo_verl.config import MRTPOConfig, ReplayConfig
+from mrtpo_verl.estimator import RELEVANCE_KEY
+from mrtpo_verl.trainer.replay_stage import ReplayStage, build_request
+from mrtpo_verl.workers.placement import DedicatedBackend, InProcessBackend, create_replay_worker_group
+from tests.support.real_batch import INFO_KEYS, REWARD_KEYS, real_sql_batch, smollm2
+
+pytestmark = pytest.mark.slow
+
+CFG = MRTPOConfig(reward_keys=REWARD_KEYS, verifier_info_keys=INFO_KEYS, replay=ReplayConfig(micro_batch_size=4))
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def in_process_relevance(data) -> torch.Tensor:
+    model, tokenizer = smollm2()
+    return InProcessBackend(CFG, model, tokenizer).compute_relevance(request_of(data)).batch[RELEVANCE_KEY]
+
+
+def request_of(data):
+    """The request the stage sends (the backend plays no part in choosing the needed pairs)."""
+    return build_request(data, CFG, ReplayStage(CFG, None, backend=None).needed_pairs(data))
+
+
+def test_one_worker_per_node_gives_the_in_process_relevance(two_node_cluster) -> None:
+    data = real_sql_batch()
+    group = create_replay_worker_group(CFG, model_path=None, process_on_nodes=[1, 1], device="cpu")
+    assert group.world_size == 2
+    actors = [a for a in list_actors(filters=[("state", "=", "ALIVE")]) if a.class_name == "ReplayWorker"]
+    assert len({a.node_id for a in actors}) == 2, "one replay worker on each node"
+    assert all(a.name.startswith("mrtpo_replay") for a in actors), "shows as its own role in the dashboard"
+
+    backend = DedicatedBackend(group)
+    distributed = ReplayStage(CFG, None, backend).run(data, global_step=1)[0]
+    torch.testing.assert_close(distributed, in_process_relevance(data), atol=1e-5, rtol=0)
+
+    # Weight sync: scale one layer's weights in the driver's model, push them, and compare again.
+    model, _ = smollm2()
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        with torch.no_grad():
+            model.model.layers[0].mlp.down_proj.weight.mul_(1.5)
+        backend.weight_source = lambda: {k: v.detach().clone() for k, v in model.state_dict().items()}
+        relevance, metrics = ReplayStage(CFG, None, backend).run(data, global_step=2)
+        assert metrics["mrtpo/replay/weight_sync_s"] > 0 and "mrtpo/replay/weight_load_s_max" in metrics
+        assert not torch.allclose(relevance, distributed)
+        torch.testing.assert_close(relevance, in_process_relevance(data), atol=1e-5, rtol=0)
+    finally:
+        model.load_state_dict(original)
