@@ -1,0 +1,260 @@
+"""Every recipe script composes a valid config through our entry point (``mrtpo.dry_run=true``).
+
+The scripts run as users run them (``bash recipes/<task>/run_<model>.sh ... mrtpo.dry_run=true``)
+with the venv's ``python3`` first on PATH; each dry run imports verl (~6 s), so they run in a small
+thread pool once per module and the tests read the results. Every script is run, every estimator
+on every task, plus the multi-node submit command and the errors a typo or a bad value must give.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from reward_fns import dispatch
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "recipes"
+DONE_LINE = re.compile(r"^mrtpo: config valid \(adv_estimator=(\w+)\)", re.MULTILINE)
+
+# Every run script, with the model it trains; the task folder names the reward family.
+MODELS = {
+    "text_to_sql/run_qwen2_5_coder_3b.sh": "Qwen/Qwen2.5-Coder-3B-Instruct",
+    "text_to_sql/run_qwen2_5_coder_7b.sh": "Qwen/Qwen2.5-Coder-7B-Instruct",
+    "tool_calling/run_qwen2_5_1_5b.sh": "Qwen/Qwen2.5-1.5B-Instruct",
+    "tool_calling/run_qwen2_5_3b.sh": "Qwen/Qwen2.5-3B-Instruct",
+    "instruction_following/run_qwen2_5_7b.sh": "Qwen/Qwen2.5-7B-Instruct",
+    "instruction_following/run_qwen3_4b_instruct_2507.sh": "Qwen/Qwen3-4B-Instruct-2507",
+}
+ESTIMATORS = ("mrtpo", "gdpo", "grpo")
+
+# mrtpo_verl.main_ppo honours mrtpo.dry_run only for mrtpo/gdpo; with grpo it starts verl's main.
+# GPUS_PER_NODE=7 makes verl's own config check stop such a run before Ray starts.
+GRPO_DRY_RUN_IGNORED = pytest.mark.xfail(
+    strict=True,
+    reason="mrtpo_verl.main_ppo ignores mrtpo.dry_run unless adv_estimator is mrtpo/gdpo; "
+    "remove this marker once it honours dry_run for every estimator",
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One dry run of one script; env holds the knobs set for it."""
+
+    script: str
+    estimator: str
+    env: dict[str, str] = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{Path(self.script).stem}-{self.estimator}"
+
+    @property
+    def family(self) -> str:
+        return self.script.split("/")[0]
+
+
+# Each script once; each task with all three estimators; some knobs changed on the way.
+CASES = [
+    Case("text_to_sql/run_qwen2_5_coder_3b.sh", "mrtpo"),
+    Case("text_to_sql/run_qwen2_5_coder_7b.sh", "gdpo", {"NNODES": "4"}),
+    Case("text_to_sql/run_qwen2_5_coder_3b.sh", "grpo", {"GPUS_PER_NODE": "7"}),
+    Case("tool_calling/run_qwen2_5_1_5b.sh", "gdpo"),
+    Case("tool_calling/run_qwen2_5_3b.sh", "mrtpo", {"MODEL_PATH": "/models/qwen-3b"}, ("trainer.total_epochs=1",)),
+    Case("tool_calling/run_qwen2_5_1_5b.sh", "grpo", {"GPUS_PER_NODE": "7"}),
+    Case("instruction_following/run_qwen2_5_7b.sh", "mrtpo"),
+    Case("instruction_following/run_qwen3_4b_instruct_2507.sh", "gdpo", {"IF_MAX_CONSTRAINTS": "5"}),
+    Case("instruction_following/run_qwen2_5_7b.sh", "grpo", {"GPUS_PER_NODE": "7"}),
+]
+BAD_OVERRIDES = {
+    "misspelt_mrtpo_key": ("mrtpo.bta=0.3", "Key 'bta' is not in struct"),
+    "misspelt_verl_key": ("actor_rollout_ref.actor.optim.lrr=1", "Key 'lrr' is not in struct"),
+    "beta_out_of_range": ("mrtpo.beta=2", "mrtpo.beta: got 2"),
+}
+SUBMITTED = ("tool_calling/run_qwen2_5_3b.sh", {"NNODES": "2", "ADV_ESTIMATOR": "gdpo", "LR": "2e-6"})
+
+
+@functools.cache
+def recipe_knobs() -> frozenset[str]:
+    """Every ``${VAR:-default}`` the recipes read; cleared so that the caller's shell cannot leak in."""
+    text = "".join(path.read_text() for path in RECIPES.rglob("*.sh"))
+    return frozenset(re.findall(r"\$\{([A-Z][A-Z0-9_]*):[-?]", text))
+
+
+def clean_env(home: Path, **knobs: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in recipe_knobs()}
+    env |= {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    return env | knobs
+
+
+def run(command: list[str], env: dict[str, str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
+
+
+def dry_run(script: str, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess[str]:
+    return run(["bash", str(RECIPES / script), *overrides, "mrtpo.dry_run=true"], env)
+
+
+def printed_config(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The resolved config the dry run printed (stdout: the yaml, then one closing line)."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    done = DONE_LINE.search(result.stdout)
+    assert done, result.stdout[-2000:]
+    config: dict[str, Any] = yaml.safe_load(result.stdout[: done.start()])
+    assert config["algorithm"]["adv_estimator"] == done.group(1)
+    return config
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture(scope="module")
+def submit_command(home: Path) -> list[str]:
+    """The ``ray job submit`` command that submit.sh would run (PRINT_ONLY=1)."""
+    script, knobs = SUBMITTED
+    env = clean_env(home, PRINT_ONLY="1", **knobs)
+    result = run(
+        ["bash", str(RECIPES / "multinode" / "submit.sh"), str(RECIPES / script), "trainer.val_before_train=False"], env
+    )
+    assert result.returncode == 0, result.stderr
+    return shlex.split(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def results(home: Path, submit_command: list[str]) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every dry run of this module, run two at a time (2 CPU cores)."""
+    jobs = {
+        case.id: (case.script, clean_env(home, ADV_ESTIMATOR=case.estimator, **case.env), case.overrides)
+        for case in CASES
+    }
+    jobs |= {name: (CASES[0].script, clean_env(home), (bad,)) for name, (bad, _) in BAD_OVERRIDES.items()}
+    # The submitted entry point, run here in the job's working dir with the job's env_vars.
+    runtime_env = json.loads(submit_command[submit_command.index("--runtime-env-json") + 1])
+    entry = submit_command[submit_command.index("--") + 1 :]
+    jobs["submitted"] = (
+        str(Path(runtime_env["working_dir"]) / entry[1]),
+        clean_env(home, **runtime_env["env_vars"]),
+        tuple(entry[2:]),
+    )
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(dry_run, script, env, *ovr) for name, (script, env, ovr) in jobs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def test_every_run_script_is_covered() -> None:
+    on_disk = {str(path.relative_to(RECIPES)) for path in RECIPES.glob("*/run_*.sh")}
+    assert on_disk == set(MODELS)
+    assert {case.script for case in CASES} == set(MODELS)
+    assert {(case.family, case.estimator) for case in CASES} == {
+        (Path(s).parent.name, e) for s in MODELS for e in ESTIMATORS
+    }
+
+
+def test_readme_documents_every_combination() -> None:
+    readme = (RECIPES / "README.md").read_text()
+    for script in MODELS:
+        assert f"`bash recipes/{script}`" in readme
+        for estimator in ("gdpo", "grpo"):
+            assert f"`ADV_ESTIMATOR={estimator} bash recipes/{script}`" in readme
+
+
+def test_shell_scripts_parse() -> None:
+    for path in RECIPES.rglob("*.sh"):
+        assert run(["bash", "-n", str(path)], os.environ.copy()).returncode == 0, path
+
+
+def expected_reward_keys(case: Case) -> list[str]:
+    slots = int(case.env.get("IF_MAX_CONSTRAINTS", 3)) if case.family == "instruction_following" else None
+    return list(dispatch.reward_keys([case.family], slots))
+
+
+def check_recipe_config(config: dict[str, Any], case: Case, home: Path) -> None:
+    keys = expected_reward_keys(case)
+    actor, rollout = config["actor_rollout_ref"]["actor"], config["actor_rollout_ref"]["rollout"]
+    reward_fn = config["reward"]["custom_reward_function"]
+    assert config["algorithm"]["adv_estimator"] == case.estimator
+    assert config["actor_rollout_ref"]["model"]["path"] == case.env.get("MODEL_PATH", MODELS[case.script])
+    assert config["trainer"]["v1"]["trainer_mode"] == "mrtpo_sync"  # baselines on the same trainer path
+    assert config["mrtpo"]["reward_keys"] == keys == config["algorithm"]["gdpo_reward_keys"]
+    assert config["mrtpo"]["verifier_info_keys"] == [dispatch.info_key(key) for key in keys]
+    assert (reward_fn["path"], reward_fn["name"]) == ("pkg://reward_fns.dispatch", "compute_score")
+    assert reward_fn["reward_kwargs"]["families"] == [case.family]
+    if case.family == "instruction_following":
+        assert reward_fn["reward_kwargs"]["max_constraints"] == len(keys)
+    # The paper's Table 9.
+    assert (config["mrtpo"]["beta"], config["mrtpo"]["warmup_steps"]) == (0.5, 10)
+    assert (actor["optim"]["optimizer"], actor["optim"]["betas"]) == ("AdamW", [0.9, 0.999])
+    assert rollout["name"] == "vllm" and rollout["n"] >= 2
+    data_dir = home / "data" / "mrtpo" / case.family
+    assert (config["data"]["train_files"], config["data"]["val_files"]) == (
+        str(data_dir / "train.parquet"),
+        str(data_dir / "test.parquet"),
+    )
+    assert config["trainer"]["nnodes"] == int(case.env.get("NNODES", 1))
+    assert config["trainer"]["n_gpus_per_node"] == int(case.env.get("GPUS_PER_NODE", 8))
+    assert config["trainer"]["experiment_name"].endswith(f"_{case.estimator}")
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.id, marks=[GRPO_DRY_RUN_IGNORED] if c.estimator == "grpo" else []) for c in CASES]
+)
+def test_recipe_dry_run(case: Case, results: dict[str, subprocess.CompletedProcess[str]], home: Path) -> None:
+    config = printed_config(results[case.id])
+    check_recipe_config(config, case, home)
+    for override in case.overrides:
+        path, value = override.split("=", 1)
+        assert str(OmegaConf.select(OmegaConf.create(config), path)) == value
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.estimator != "grpo"], ids=lambda c: c.id)
+def test_recipe_passes_verls_own_config_check(case: Case, results: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    """verl's main runs validate_config (batch-size divisibility, micro-batch settings) before Ray."""
+    from verl.trainer.main_ppo import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    config = OmegaConf.create(printed_config(results[case.id]))
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+
+
+@pytest.mark.parametrize("name", list(BAD_OVERRIDES))
+def test_bad_override_fails_with_a_clear_error(name: str, results: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    result = results[name]
+    assert result.returncode != 0
+    assert BAD_OVERRIDES[name][1] in result.stderr, result.stderr[-2000:]
+    assert not DONE_LINE.search(result.stdout)
+
+
+def test_multinode_submit_command(
+    submit_command: list[str], results: dict[str, subprocess.CompletedProcess[str]], home: Path
+) -> None:
+    script, knobs = SUBMITTED
+    assert submit_command[:3] == ["ray", "job", "submit"]
+    assert submit_command[submit_command.index("--address") + 1] == "http://127.0.0.1:8265"
+    runtime_env = json.loads(submit_command[submit_command.index("--runtime-env-json") + 1])
+    assert runtime_env["working_dir"] == str(REPO) and ".venv" in runtime_env["excludes"]
+    assert runtime_env["env_vars"] == {**knobs, "GPUS_PER_NODE": "8"}
+    assert submit_command[submit_command.index("--") + 1 :] == [
+        "bash",
+        f"recipes/{script}",
+        "trainer.val_before_train=False",
+    ]
+    config = printed_config(results["submitted"])
+    check_recipe_config(config, Case(script, "gdpo", {"NNODES": "2"}), home)
+    assert config["actor_rollout_ref"]["actor"]["optim"]["lr"] == 2e-6
+    assert config["trainer"]["val_before_train"] is False
