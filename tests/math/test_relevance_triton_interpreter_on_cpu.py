@@ -1,0 +1,77 @@
+"""The Triton JS kernel run by Triton's CPU interpreter (TRITON_INTERPRET=1) against the torch path.
+
+Skipped where Triton is not installed (it is not a dependency of the package). The interpreter executes
+the kernel's own code, block loop and masking included, with numpy float32 maths, so this checks the
+algorithm and its edge cases; the GPU's approximate exp/div and its speed are checked by
+``python -m benchmarks.gpu_check`` on a GPU machine.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from mrtpo_verl.math.relevance import js_distance
+
+    def pair(n, vocab, scale, eps, seed, dtype=torch.float32):
+        g = torch.Generator().manual_seed(seed)
+        p = torch.randn(n, vocab, generator=g) * scale
+        return p.to(dtype), (p + eps * torch.randn(n, vocab, generator=g)).to(dtype)
+
+    cases = {
+        "random": pair(5, 5000, 3.0, 3.0, 0),
+        "close": pair(5, 5000, 3.0, 1e-4, 1),
+        "bf16": pair(4, 4500, 3.0, 0.3, 2, torch.bfloat16),
+        "tiny vocab": pair(3, 3, 1.0, 1.0, 3),
+        "one block exactly": pair(2, 4096, 2.0, 0.5, 4),
+    }
+    p, q = pair(6, 3000, 3.0, 0.05, 5)
+    p[:, 100:900] = float("-inf")
+    q[:, 500:1500] = float("-inf")
+    p[0, 2000] = 1e4
+    q[1, 2500] = -1e4
+    cases["masked and extreme"] = (p, q)
+    wide_p, wide_q = pair(4, 6000, 3.0, 0.2, 6)
+    cases["strided rows"] = (wide_p[:, :5000], wide_q[:, 1000:])
+    cases["non-contiguous"] = (wide_p.t().contiguous().t()[:, :700], wide_q[:, :700])
+
+    worst = 0.0
+    for name, (p, q) in cases.items():
+        got = js_distance(p, q, backend="triton")
+        ref = js_distance(p, q, backend="torch")
+        err = (got - ref).abs().max().item()
+        worst = max(worst, err)
+        print(f"{name}: max abs error {err:.2e}")
+        assert err < 1e-6, name
+
+    p, _ = pair(7, 5000, 4.0, 0.0, 7)
+    assert torch.equal(js_distance(p, p.clone(), backend="triton"), torch.zeros(7)), "identical rows"
+
+    from mrtpo_verl.math.relevance_triton import js_divergence_bits
+    bad = torch.zeros(4, 300)
+    bad[0, 7] = float("nan")
+    bad[1, 8] = float("inf")
+    bad[2] = float("-inf")
+    div = js_divergence_bits(bad, torch.zeros(4, 300))
+    assert torch.isnan(div[:3]).all() and div[3].item() == 0.0, div
+    div = js_divergence_bits(torch.zeros(4, 300), bad)
+    assert torch.isnan(div[:3]).all() and div[3].item() == 0.0, div
+    print("OK worst", worst)
+    """
+)
+
+
+def test_kernel_matches_the_torch_path_in_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK worst" in result.stdout
