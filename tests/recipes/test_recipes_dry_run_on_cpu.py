@@ -41,14 +41,6 @@ MODELS = {
 }
 ESTIMATORS = ("mrtpo", "gdpo", "grpo")
 
-# mrtpo_verl.main_ppo honours mrtpo.dry_run only for mrtpo/gdpo; with grpo it starts verl's main.
-# GPUS_PER_NODE=7 makes verl's own config check stop such a run before Ray starts.
-GRPO_DRY_RUN_IGNORED = pytest.mark.xfail(
-    strict=True,
-    reason="mrtpo_verl.main_ppo ignores mrtpo.dry_run unless adv_estimator is mrtpo/gdpo; "
-    "remove this marker once it honours dry_run for every estimator",
-)
-
 
 @dataclass(frozen=True)
 class Case:
@@ -72,13 +64,13 @@ class Case:
 CASES = [
     Case("text_to_sql/run_qwen2_5_coder_3b.sh", "mrtpo"),
     Case("text_to_sql/run_qwen2_5_coder_7b.sh", "gdpo", {"NNODES": "4"}),
-    Case("text_to_sql/run_qwen2_5_coder_3b.sh", "grpo", {"GPUS_PER_NODE": "7"}),
+    Case("text_to_sql/run_qwen2_5_coder_3b.sh", "grpo"),
     Case("tool_calling/run_qwen2_5_1_5b.sh", "gdpo"),
     Case("tool_calling/run_qwen2_5_3b.sh", "mrtpo", {"MODEL_PATH": "/models/qwen-3b"}, ("trainer.total_epochs=1",)),
-    Case("tool_calling/run_qwen2_5_1_5b.sh", "grpo", {"GPUS_PER_NODE": "7"}),
+    Case("tool_calling/run_qwen2_5_1_5b.sh", "grpo"),
     Case("instruction_following/run_qwen2_5_7b.sh", "mrtpo"),
     Case("instruction_following/run_qwen3_4b_instruct_2507.sh", "gdpo", {"IF_MAX_CONSTRAINTS": "5"}),
-    Case("instruction_following/run_qwen2_5_7b.sh", "grpo", {"GPUS_PER_NODE": "7"}),
+    Case("instruction_following/run_qwen2_5_7b.sh", "grpo"),
 ]
 BAD_OVERRIDES = {
     "misspelt_mrtpo_key": ("mrtpo.bta=0.3", "Key 'bta' is not in struct"),
@@ -211,9 +203,7 @@ def check_recipe_config(config: dict[str, Any], case: Case, home: Path) -> None:
     assert config["trainer"]["experiment_name"].endswith(f"_{case.estimator}")
 
 
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, id=c.id, marks=[GRPO_DRY_RUN_IGNORED] if c.estimator == "grpo" else []) for c in CASES]
-)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
 def test_recipe_dry_run(case: Case, results: dict[str, subprocess.CompletedProcess[str]], home: Path) -> None:
     config = printed_config(results[case.id])
     check_recipe_config(config, case, home)
@@ -222,7 +212,7 @@ def test_recipe_dry_run(case: Case, results: dict[str, subprocess.CompletedProce
         assert str(OmegaConf.select(OmegaConf.create(config), path)) == value
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.estimator != "grpo"], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_recipe_passes_verls_own_config_check(case: Case, results: dict[str, subprocess.CompletedProcess[str]]) -> None:
     """verl's main runs validate_config (batch-size divisibility, micro-batch settings) before Ray."""
     from verl.trainer.main_ppo import need_critic, need_reference_policy

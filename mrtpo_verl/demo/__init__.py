@@ -1,0 +1,1 @@
+"""The CPU demo: one MRTPO credit-assignment step on real prompts with the embedded SmolLM2 (``python -m mrtpo_verl.demo``)."""
