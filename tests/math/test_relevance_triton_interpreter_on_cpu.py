@@ -31,7 +31,17 @@ SCRIPT = textwrap.dedent(
         "bf16": pair(4, 4500, 3.0, 0.3, 2, torch.bfloat16),
         "tiny vocab": pair(3, 3, 1.0, 1.0, 3),
         "one block exactly": pair(2, 4096, 2.0, 0.5, 4),
+        "near-identical": pair(4, 5000, 3.0, 1e-5, 8),
     }
+    p, q = pair(4, 5000, 3.0, 1e-3, 9)
+    p[:, 0] += 25.0
+    q[:, 0] += 24.0
+    cases["peaked"] = (p, q)
+    g = torch.Generator().manual_seed(10)
+    cases["+-1e4 logits"] = (
+        torch.randn(6, 300, generator=g).sign() * 1e4,
+        torch.randn(6, 300, generator=g).sign() * 1e4,
+    )
     p, q = pair(6, 3000, 3.0, 0.05, 5)
     p[:, 100:900] = float("-inf")
     q[:, 500:1500] = float("-inf")
