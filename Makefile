@@ -22,8 +22,12 @@ $(STAMP): setup.py pyproject.toml requirements/data-packages.txt
 
 venv: $(STAMP)
 
-## The main job.
+## The main job: one MRTPO credit-assignment step on real prompts with the embedded SmolLM2 (CPU, a few minutes).
 demo: $(STAMP)
+	$(PY) -m mrtpo_verl.demo --out demo_out
+
+## The worked example of the README (seconds): the estimator on the paper's Figure 1 SQL group.
+example: $(STAMP)
 	$(PY) -m mrtpo_verl.example
 
 ## Lint, strict type check of the pure math, then every test.

@@ -38,6 +38,7 @@ from verl.workers.utils.padding import response_to_nested
 from mrtpo_verl.advantage_inputs import advantage_inputs
 from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.estimator import RELEVANCE_KEY
+from mrtpo_verl.ray_metrics import publish
 from mrtpo_verl.startup import MULTI_REWARD_ESTIMATORS, OUR_TRAINER_MODE, validate_run_config
 from mrtpo_verl.trainer.tq_fields import as_float_array, as_object_array
 
@@ -140,6 +141,7 @@ class MRTPOTrainer(PPOTrainerSync):
                 config=self.config.algorithm,
             )
         metrics.update(inputs.metrics)
+        publish(inputs.metrics, role="driver")  # mrtpo: β_s and weight maxima to the Ray dashboard too
 
         # 4. write nested advantages and returns back to TransferQueue
         out_fields = ["advantages", "returns"]

@@ -24,6 +24,7 @@ from verl.protocol import DataProto
 from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.estimator import RELEVANCE_KEY, replay_needed, reward_component_matrix
 from mrtpo_verl.metrics import relevance_metrics
+from mrtpo_verl.ray_metrics import publish
 
 __all__ = ["NEEDED_KEY", "ReplayBackend", "ReplayStage", "ReplayWorkerFailed", "build_replay_stage", "build_request"]
 
@@ -107,6 +108,7 @@ class ReplayStage:
         relevance = answer.batch[RELEVANCE_KEY].float()
         metrics.update(self._stage_metrics(answer, needed, elapsed))
         metrics.update(relevance_metrics(relevance, data.batch["response_mask"], needed, self.cfg.reward_keys))
+        publish(metrics, role="driver")
         return relevance, metrics
 
     def _on_failure(

@@ -79,4 +79,31 @@ class ReplayWorker(Worker):
 
         if self.model is None:
             raise RuntimeError("replay worker: init_model was not called")
-        return relevance_for_request(request, self.builder, self.scorer, self.mrtpo.verifier_info_keys)
+        start = time.perf_counter()
+        answer = relevance_for_request(request, self.builder, self.scorer, self.mrtpo.verifier_info_keys)
+        self._publish(request, answer, time.perf_counter() - start)
+        return answer
+
+    def _publish(self, request: DataProto, answer: DataProto, elapsed: float) -> None:
+        """This shard's figures to the Ray dashboard (ray.util.metrics), tagged with this worker's role."""
+        from mrtpo_verl.metrics import relevance_metrics
+        from mrtpo_verl.ray_metrics import publish
+
+        passes = float(answer.batch["mrtpo_forward_passes"].sum())
+        skipped = float(answer.batch["mrtpo_skipped_passes"].sum())
+        tokens = float(answer.batch["mrtpo_tokens_replayed"].sum())
+        figures = {
+            "mrtpo/replay/time_s": elapsed,
+            "mrtpo/replay/forward_passes": passes,
+            "mrtpo/replay/skip_fraction": skipped / (passes + skipped) if passes + skipped else 0.0,
+            "mrtpo/replay/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        }
+        figures.update(
+            relevance_metrics(
+                answer.batch["mrtpo_relevance"],
+                request.batch["response_mask"],
+                request.batch["mrtpo_needed"].bool(),
+                self.mrtpo.reward_keys,
+            )
+        )
+        publish(figures, role=f"{REPLAY_ROLE}_rank{self.rank}")
