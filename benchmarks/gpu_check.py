@@ -3,6 +3,7 @@
 Run on a machine with a CUDA GPU, PyTorch and Triton, from the repository root (nothing else needed):
 
     python -m benchmarks.gpu_check            # ~1-2 min on one H200; exits 1 if any check fails
+    TRITON_INTERPRET=1 python -m benchmarks.gpu_check --dry-run-cpu   # the script's own test, on CPU, tiny shapes
 
 (a) correctness: ``js_distance(backend="triton")`` against ``js_distance(backend="torch")`` on the same GPU
     tensors (fp32 and bf16 logits, vocab 49,152 and 151,936; random, perturbed, close, near-identical,
@@ -21,6 +22,7 @@ Run on a machine with a CUDA GPU, PyTorch and Triton, from the repository root (
 from __future__ import annotations
 
 import math
+import os
 import platform
 import sys
 import time
@@ -34,7 +36,23 @@ from mrtpo_verl.math.relevance import js_distance
 
 TOLERANCE = 1e-4
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-VOCABS = (49152, 151936)
+
+
+@dataclass
+class Sizes:
+    """Shapes of one run: the real GPU run, or the CPU dry run of the script under Triton's interpreter."""
+
+    device: str = "cuda"
+    vocabs: tuple[int, ...] = (49152, 151936)
+    check_rows: int = 512
+    bench_rows: int = 4096
+    copy_elements: int = 2**30  # 4 GiB of float32
+    sweep: tuple[tuple[int, int], ...] = ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16))
+
+
+GPU = Sizes()
+# `--dry-run-cpu` (with TRITON_INTERPRET=1): every code path of this script on tiny CPU tensors, no figures of worth.
+DRY_RUN = Sizes("cpu", (3000, 5000), 8, 8, 2**20, ((1024, 4), (4096, 8)))
 
 
 @dataclass
@@ -60,19 +78,21 @@ def float64_distance(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Te
     return ((0.5 * kl(p) + 0.5 * kl(q)) / math.log(2.0)).clamp(0.0, 1.0).sqrt()
 
 
-def cases(n_tokens: int, vocab: int, dtype: torch.dtype, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    generator = torch.Generator(device="cuda").manual_seed(seed)
+def cases(
+    n_tokens: int, vocab: int, dtype: torch.dtype, seed: int, device: str
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator(device=device).manual_seed(seed)
 
     def randn() -> torch.Tensor:
-        return torch.randn(n_tokens, vocab, device="cuda", generator=generator)
+        return torch.randn(n_tokens, vocab, device=device, generator=generator)
 
     base = 3.0 * randn()
     peaked = base.clone()
     peaked[:, 0] += 25.0
     peaked[:, 1] += 22.0
     masked_p, masked_q = base.clone(), base + 0.05 * randn()
-    masked_p[:, 100:20000] = float("-inf")
-    masked_q[:, 10000:40000] = float("-inf")
+    masked_p[:, 100 : vocab // 2] = float("-inf")  # masked in P only, in both, in Q only
+    masked_q[:, vocab // 4 : 3 * vocab // 4] = float("-inf")
     out = {
         "random": (base, 3.0 * randn()),
         "perturbed": (base, base + 0.3 * randn()),
@@ -86,11 +106,12 @@ def cases(n_tokens: int, vocab: int, dtype: torch.dtype, seed: int) -> dict[str,
     return {name: (p.to(dtype), q.to(dtype)) for name, (p, q) in out.items()}
 
 
-def correctness_rows(failures: list[str]) -> list[Row]:
+def correctness_rows(sizes: Sizes, failures: list[str]) -> list[Row]:
     rows = []
-    for vocab in VOCABS:
+    n_tokens = sizes.check_rows
+    for vocab in sizes.vocabs:
         for dtype_name, dtype in DTYPES.items():
-            for name, (logits_p, logits_q) in cases(512, vocab, dtype, seed=vocab).items():
+            for name, (logits_p, logits_q) in cases(n_tokens, vocab, dtype, vocab, sizes.device).items():
                 kernel = js_distance(logits_p, logits_q, backend="triton")
                 torch_path = js_distance(logits_p, logits_q, backend="torch")
                 error = (kernel - torch_path).abs().max().item()
@@ -98,7 +119,7 @@ def correctness_rows(failures: list[str]) -> list[Row]:
                 kernel_vs_f64 = (kernel[:8].double() - exact).abs().max().item()
                 torch_vs_f64 = (torch_path[:8].double() - exact).abs().max().item()
                 ok = error <= TOLERANCE and not (name == "identical" and bool((kernel != 0).any()))
-                setting = f"{name}, 512 x {vocab:,} {dtype_name}"
+                setting = f"{name}, {n_tokens} x {vocab:,} {dtype_name}"
                 if not ok:
                     failures.append(f"correctness {setting}: max abs error {error:.2e}")
                 rows.append(
@@ -110,7 +131,7 @@ def correctness_rows(failures: list[str]) -> list[Row]:
                         "ok" if ok else "FAIL",
                     )
                 )
-    bad = torch.zeros(4, 1000, device="cuda")
+    bad = torch.zeros(4, 1000, device=sizes.device)
     bad[1, 3] = float("nan")
     try:
         js_distance(bad, torch.zeros_like(bad), backend="triton")
@@ -122,11 +143,16 @@ def correctness_rows(failures: list[str]) -> list[Row]:
 
 
 def cuda_time(function: Callable[[], object], repeats: int = 20) -> float:
-    """Median seconds of ``function`` on the GPU (CUDA events), after three warm-up calls."""
+    """Median seconds of ``function`` on the GPU (CUDA events), after three warm-up calls (wall clock on CPU)."""
     for _ in range(3):
         function()
     times = []
     for _ in range(repeats):
+        if not torch.cuda.is_available():  # the CPU dry run
+            start_s = time.perf_counter()
+            function()
+            times.append(time.perf_counter() - start_s)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         function()
@@ -136,27 +162,37 @@ def cuda_time(function: Callable[[], object], repeats: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def copy_bandwidth() -> float:
-    """Bytes read + written per second by ``y.copy_(x)`` on a 4 GiB tensor."""
-    x = torch.empty(2**30, dtype=torch.float32, device="cuda").uniform_()
+def copy_bandwidth(sizes: Sizes) -> float:
+    """Bytes read + written per second by ``y.copy_(x)`` on a large float32 tensor (4 GiB on the GPU)."""
+    x = torch.empty(sizes.copy_elements, dtype=torch.float32, device=sizes.device).uniform_()
     y = torch.empty_like(x)
     seconds = cuda_time(lambda: y.copy_(x))
-    return 2 * 2**32 / seconds
+    return 2 * 4 * sizes.copy_elements / seconds
 
 
-def bandwidth_rows(copy_bytes_per_s: float) -> list[Row]:
-    rows = [Row("device copy bandwidth", "y.copy_(x), 4 GiB fp32", f"{copy_bytes_per_s / 1e12:.2f} TB/s", "-", "-")]
-    for vocab in VOCABS:
+def bandwidth_rows(sizes: Sizes, copy_bytes_per_s: float) -> list[Row]:
+    copy_gib = 4 * sizes.copy_elements / 2**30
+    rows = [
+        Row(
+            "device copy bandwidth",
+            f"y.copy_(x), {copy_gib:g} GiB fp32",
+            f"{copy_bytes_per_s / 1e12:.2f} TB/s",
+            "-",
+            "-",
+        )
+    ]
+    for vocab in sizes.vocabs:
         for dtype_name in DTYPES:
-            rows += bandwidth_rows_for(4096, vocab, dtype_name, copy_bytes_per_s)
+            rows += bandwidth_rows_for(sizes, vocab, dtype_name, copy_bytes_per_s)
     return rows
 
 
-def bandwidth_rows_for(n_tokens: int, vocab: int, dtype_name: str, copy_bytes_per_s: float) -> list[Row]:
-    generator = torch.Generator(device="cuda").manual_seed(1)
-    base = 3.0 * torch.randn(n_tokens, vocab, device="cuda", generator=generator)
+def bandwidth_rows_for(sizes: Sizes, vocab: int, dtype_name: str, copy_bytes_per_s: float) -> list[Row]:
+    n_tokens, device = sizes.bench_rows, sizes.device
+    generator = torch.Generator(device=device).manual_seed(1)
+    base = 3.0 * torch.randn(n_tokens, vocab, device=device, generator=generator)
     logits_p = base.to(DTYPES[dtype_name])
-    logits_q = (base + 0.3 * torch.randn(n_tokens, vocab, device="cuda", generator=generator)).to(DTYPES[dtype_name])
+    logits_q = (base + 0.3 * torch.randn(n_tokens, vocab, device=device, generator=generator)).to(DTYPES[dtype_name])
     del base
     kernel = cuda_time(lambda: relevance_triton.js_divergence_bits(logits_p, logits_q))
     torch_path = cuda_time(lambda: js_distance(logits_p, logits_q, backend="torch"), repeats=5)
@@ -185,16 +221,16 @@ def bandwidth_rows_for(n_tokens: int, vocab: int, dtype_name: str, copy_bytes_pe
     ]
 
 
-def sweep_rows(copy_bytes_per_s: float) -> list[Row]:
-    """Bandwidth of a few launch configurations at 4,096 x 151,936 bf16 (the default is marked)."""
+def sweep_rows(sizes: Sizes, copy_bytes_per_s: float) -> list[Row]:
+    """Bandwidth of a few launch configurations at the largest vocabulary, bf16 (the default is marked)."""
     from mrtpo_verl.kernels import js_triton
 
-    n_tokens, vocab = 4096, 151936
-    logits_p = torch.randn(n_tokens, vocab, device="cuda").mul_(3).bfloat16()
-    logits_q = torch.randn(n_tokens, vocab, device="cuda").mul_(3).bfloat16()
+    n_tokens, vocab = sizes.bench_rows, max(sizes.vocabs)
+    logits_p = torch.randn(n_tokens, vocab, device=sizes.device).mul_(3).bfloat16()
+    logits_q = torch.randn(n_tokens, vocab, device=sizes.device).mul_(3).bfloat16()
     default = js_triton._block_size(vocab)
     rows = []
-    for block, warps in [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)]:
+    for block, warps in sizes.sweep:
         seconds = cuda_time(
             lambda block=block, warps=warps: js_triton.js_divergence_bits(
                 logits_p, logits_q, block=block, num_warps=warps
@@ -205,7 +241,7 @@ def sweep_rows(copy_bytes_per_s: float) -> list[Row]:
         rows.append(
             Row(
                 "launch sweep",
-                f"BLOCK={block}, warps={warps}{mark}, 4,096 x 151,936 bf16",
+                f"BLOCK={block}, warps={warps}{mark}, {n_tokens:,} x {vocab:,} bf16",
                 f"{seconds * 1e3:.2f} ms",
                 "copy bandwidth",
                 f"{100 * bandwidth / copy_bytes_per_s:.0f}% of copy",
@@ -262,19 +298,31 @@ def print_table(rows: list[Row]) -> None:
         print(line(row))
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device; nothing checked", file=sys.stderr)
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    dry_run = argv == ["--dry-run-cpu"]
+    if argv and not dry_run:
+        print("usage: python -m benchmarks.gpu_check [--dry-run-cpu]", file=sys.stderr)
+        return 2
+    if dry_run and os.environ.get("TRITON_INTERPRET") != "1":
+        print("gpu_check --dry-run-cpu needs TRITON_INTERPRET=1 (Triton's CPU interpreter)", file=sys.stderr)
+        return 2
+    if not dry_run and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device; nothing checked (see --dry-run-cpu)", file=sys.stderr)
         return 2
     relevance_triton.require_triton()
     import triton
 
-    properties = torch.cuda.get_device_properties(0)
-    print(f"command: python -m benchmarks.gpu_check {' '.join(sys.argv[1:])}".rstrip())
+    sizes = DRY_RUN if dry_run else GPU
+    print(f"command: python -m benchmarks.gpu_check {' '.join(argv)}".rstrip())
+    if dry_run:
+        device = "CPU dry run under TRITON_INTERPRET=1: checks the script, not the GPU; timings mean nothing"
+    else:
+        properties = torch.cuda.get_device_properties(0)
+        device = f"{properties.name}, {properties.multi_processor_count} SMs, {properties.total_memory / 2**30:.0f} GiB"
     print(
-        f"device: {properties.name}, {properties.multi_processor_count} SMs, "
-        f"{properties.total_memory / 2**30:.0f} GiB; torch {torch.__version__}, triton {triton.__version__}, "
-        f"CUDA {torch.version.cuda}; {platform.node()}"
+        f"device: {device}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}; "
+        f"{platform.node()}"
     )
     started = time.perf_counter()
     failures: list[str] = []
@@ -282,21 +330,24 @@ def main() -> int:
     copy: list[float] = []
 
     def bandwidth_stage() -> list[Row]:
-        copy.append(copy_bandwidth())
-        return bandwidth_rows(copy[0])
+        copy.append(copy_bandwidth(sizes))
+        return bandwidth_rows(sizes, copy[0])
 
-    for stage in (
-        lambda: correctness_rows(failures),
+    stages: list[Callable[[], list[Row]]] = [
+        lambda: correctness_rows(sizes, failures),
         bandwidth_stage,
-        lambda: sweep_rows(copy[0]),
-        memory_rows,
-    ):
+        lambda: sweep_rows(sizes, copy[0]),
+    ]
+    if not dry_run:
+        stages.append(memory_rows)
+    for stage in stages:
         try:
             rows += stage()
         except Exception as error:  # keep the table: a later stage may still tell something
             failures.append(f"{type(error).__name__}: {error}")
             rows.append(Row("stage failed", type(error).__name__, str(error)[:120], "-", "FAIL"))
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     print()
     print_table(rows)
     print(f"\n{time.perf_counter() - started:.0f} s; {len(failures)} failure(s)")
