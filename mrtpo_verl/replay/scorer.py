@@ -1,0 +1,310 @@
+"""Replay scorer: per-token relevance ``q_{k,t}`` from prefill passes over the replay contexts (SPEC §1.3, §2).
+
+For every response ``y`` (T tokens) with full context ``C`` and leave-one-out contexts ``C_-k``:
+
+    q_{k,t} = js_distance( p(. | C, y_<t) / τ , p(. | C_-k, y_<t) / τ )      t = 0 … T-1
+
+Each context is run once with the response appended (prefill only, no sampling). Only the hidden states at
+the T positions that predict response tokens are kept; for a context of length c those are positions
+c-1 … c+T-2 of ``context + response``. The LM head is applied to them ``js_chunk_size`` rows at a time, the
+full-context logits of a chunk once, then compared with every leave-one-out's logits of that chunk, so no
+``(tokens × vocab)`` tensor ever exists for prompt positions and the extra memory is O(chunk × vocab).
+
+Exact skipping (SPEC §1.7): a not-needed (response, k) pair gets no pass and q = 0; a leave-one-out context
+identical to the full one (reward without verifier information) gets no pass and q = 0 exactly; a response
+with no pair left to compare gets no pass at all, not even the full context.
+
+Memory: passes run in the order of the responses (full context first), and a response's hidden states are
+reduced to q and freed as soon as its last pass is done, so at most ``micro_batch_size + K + 1`` sequences'
+``(T, hidden)`` states are held at a time.
+
+The model must be a transformers ``*ForCausalLM`` whose logits are ``lm_head(decoder(...).last_hidden_state)``
+(Llama, Qwen, Mistral, SmolLM, ...); models that post-process logits (soft-capping, logit scaling) are refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from mrtpo_verl.config import ReplayConfig
+from mrtpo_verl.math.relevance import js_distance
+
+__all__ = ["ReplayInputs", "ReplayResult", "ReplayScorer", "ReplayStats"]
+
+PADDING_SIDES = ("right", "left")
+# Config attributes of models whose logits are not plain lm_head(hidden); values that leave logits unchanged.
+_LOGIT_POST_PROCESSING = {"final_logit_softcapping": (None, 0, 0.0), "logit_scale": (None, 1, 1.0)}
+
+
+class ReplayInputs(Protocol):
+    """What the scorer needs of one response (``contexts.ReplayContexts`` provides it)."""
+
+    @property
+    def full_context_ids(self) -> Sequence[int]: ...
+
+    @property
+    def leave_one_out_ids(self) -> Sequence[Sequence[int]]: ...
+
+    @property
+    def response_ids(self) -> Sequence[int]: ...
+
+
+@dataclass
+class ReplayStats:
+    """Work done by one :meth:`ReplayScorer.score` call.
+
+    Attributes:
+        forward_passes: sequences (context + response) run through the model.
+        skipped_passes: of the ``bs × (1 + K)`` possible passes, those not run.
+        identical_contexts: needed (response, k) pairs whose ``C_-k == C``; q = 0 without a pass.
+        replayed_tokens: non-padding tokens fed to the model.
+        padded_tokens: padding tokens fed to the model (cost of batching unequal lengths).
+        wall_time_s: wall-clock seconds of the call.
+    """
+
+    forward_passes: int = 0
+    skipped_passes: int = 0
+    identical_contexts: int = 0
+    replayed_tokens: int = 0
+    padded_tokens: int = 0
+    wall_time_s: float = 0.0
+
+    def as_metrics(self, prefix: str = "mrtpo/replay/") -> dict[str, float]:
+        """Flat ``{prefix + name: value}`` for verl's metric tracking."""
+        return {prefix + name: float(value) for name, value in vars(self).items()}
+
+
+@dataclass
+class ReplayResult:
+    """Relevance and stats of one :meth:`ReplayScorer.score` call.
+
+    Attributes:
+        relevance: (bs, K, response_length) float32 ``q``; 0 at padding and for skipped pairs.
+        stats: the work done.
+    """
+
+    relevance: torch.Tensor
+    stats: ReplayStats = field(default_factory=ReplayStats)
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """One sequence to run: ``context + response`` of response ``item``; ``reward`` None for the full context."""
+
+    item: int
+    reward: int | None
+    context: Sequence[int]
+    response: Sequence[int]
+
+    @property
+    def length(self) -> int:
+        return len(self.context) + len(self.response)
+
+
+class ReplayScorer:
+    """Computes relevance ``q`` (bs, K, L) for a batch of responses with one causal LM.
+
+    Args:
+        model: a transformers ``*ForCausalLM`` (any device and dtype); put in eval mode during scoring.
+        js_chunk_size: response positions per LM-head/JS chunk; peak extra memory is O(chunk × vocab).
+        micro_batch_size: sequences per forward pass.
+        temperature: the rollout temperature τ; logits are divided by it (in float32) before the softmax.
+        padding_side: "right" or "left"; both give the same q (attention mask and position ids follow it).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        js_chunk_size: int = 256,
+        micro_batch_size: int = 8,
+        temperature: float = 1.0,
+        padding_side: str = "right",
+    ) -> None:
+        if js_chunk_size < 1 or micro_batch_size < 1:
+            raise ValueError(f"js_chunk_size and micro_batch_size must be ≥ 1, got {js_chunk_size}, {micro_batch_size}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if padding_side not in PADDING_SIDES:
+            raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
+        _refuse_logit_post_processing(model)
+        self.model = model
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        self.js_chunk_size = js_chunk_size
+        self.micro_batch_size = micro_batch_size
+        self.temperature = float(temperature)
+        self.padding_side = padding_side
+
+    @classmethod
+    def from_config(cls, model: Any, replay: ReplayConfig, padding_side: str = "right") -> ReplayScorer:
+        """A scorer with ``mrtpo.replay``'s chunk size, micro-batch size and temperature."""
+        return cls(model, replay.js_chunk_size, replay.micro_batch_size, replay.temperature, padding_side)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device  # type: ignore[no-any-return]
+
+    def score(
+        self, items: Sequence[ReplayInputs], needed: torch.Tensor, response_length: int | None = None
+    ) -> ReplayResult:
+        """Relevance of every needed (response, reward) pair.
+
+        Args:
+            items: bs responses, each with its full context, K leave-one-out contexts and response ids.
+            needed: (bs, K) bool; False pairs get q = 0 and no leave-one-out pass (exact skipping).
+            response_length: L, the padded response length of the output (default: the longest response).
+
+        Returns:
+            :class:`ReplayResult` with ``relevance`` (bs, K, L) float32 on the model's device.
+        """
+        start = time.perf_counter()
+        num_rewards = _check_inputs(items, needed, response_length)
+        longest = max((len(item.response_ids) for item in items), default=0)
+        length = longest if response_length is None else response_length
+        relevance = torch.zeros(len(items), num_rewards, length, dtype=torch.float32, device=self.device)
+        passes, stats = _plan_passes(items, needed.detach().cpu().bool())
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                self._run(passes, relevance, stats)
+        finally:
+            self.model.train(was_training)
+        if relevance.device.type == "cuda":
+            torch.cuda.synchronize(relevance.device)
+        stats.wall_time_s = time.perf_counter() - start
+        return ReplayResult(relevance=relevance, stats=stats)
+
+    def _run(self, passes: list[_Pass], relevance: torch.Tensor, stats: ReplayStats) -> None:
+        """Run the passes in micro-batches and reduce each response to q as soon as its passes are done."""
+        remaining: dict[int, int] = {}
+        for sequence in passes:
+            remaining[sequence.item] = remaining.get(sequence.item, 0) + 1
+        pending: dict[int, dict[int | None, torch.Tensor]] = {}
+        for first in range(0, len(passes), self.micro_batch_size):
+            micro_batch = passes[first : first + self.micro_batch_size]
+            hidden_per_pass = self._response_hidden_states(micro_batch, stats)
+            for sequence, hidden in zip(micro_batch, hidden_per_pass, strict=True):
+                pending.setdefault(sequence.item, {})[sequence.reward] = hidden
+                remaining[sequence.item] -= 1
+                if remaining[sequence.item] == 0:
+                    self._relevance_of_response(pending.pop(sequence.item), relevance[sequence.item])
+
+    def _response_hidden_states(self, micro_batch: list[_Pass], stats: ReplayStats) -> list[torch.Tensor]:
+        """One padded forward pass of the decoder; per sequence the (T, hidden) states predicting its response."""
+        input_ids, attention_mask, offsets = _pad(micro_batch, self.padding_side, self.device)
+        # Positions count real tokens only, so a left-padded sequence sees the same positions as a right-padded one.
+        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        output = self.decoder(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        hidden = output.last_hidden_state  # (micro_batch, padded_length, hidden)
+        stats.forward_passes += len(micro_batch)
+        stats.replayed_tokens += sum(sequence.length for sequence in micro_batch)
+        stats.padded_tokens += int(attention_mask.numel()) - sum(sequence.length for sequence in micro_batch)
+        # Hidden state at position i predicts token i + 1: response token t is predicted at c - 1 + t.
+        return [
+            hidden[row, offset + len(sequence.context) - 1 : offset + sequence.length - 1]
+            for row, (sequence, offset) in enumerate(zip(micro_batch, offsets, strict=True))
+        ]
+
+    def _relevance_of_response(self, hidden: dict[int | None, torch.Tensor], relevance_row: torch.Tensor) -> None:
+        """Fill ``relevance_row`` (K, L) from the full context's and each leave-one-out's (T, hidden) states."""
+        full = hidden.pop(None)
+        num_tokens = full.shape[0]
+        for first in range(0, num_tokens, self.js_chunk_size):
+            rows = slice(first, min(first + self.js_chunk_size, num_tokens))
+            full_logits = self._scaled_logits(full[rows])  # computed once, compared with every k
+            for reward, leave_one_out in hidden.items():
+                assert reward is not None
+                relevance_row[reward, rows] = js_distance(
+                    full_logits, self._scaled_logits(leave_one_out[rows]), chunk=self.js_chunk_size
+                )
+
+    def _scaled_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(rows, hidden) → (rows, vocab) float32 logits / τ (upcast first: bf16 would round the division)."""
+        logits: torch.Tensor = self.lm_head(hidden).float()
+        return logits if self.temperature == 1.0 else logits / self.temperature
+
+
+def _refuse_logit_post_processing(model: Any) -> None:
+    config = getattr(model, "config", None)
+    for attribute, neutral_values in _LOGIT_POST_PROCESSING.items():
+        value = getattr(config, attribute, None)
+        if value not in neutral_values:
+            raise NotImplementedError(
+                f"the replay scorer applies lm_head to hidden states itself, but this model post-processes its "
+                f"logits ({attribute}={value!r}); such models are not supported"
+            )
+
+
+def _check_inputs(items: Sequence[ReplayInputs], needed: torch.Tensor, response_length: int | None) -> int:
+    """Validate shapes; → K."""
+    if needed.dim() != 2 or needed.shape[0] != len(items) or needed.dtype != torch.bool:
+        raise ValueError(f"needed must be a (bs={len(items)}, K) bool tensor, got {needed.dtype} {tuple(needed.shape)}")
+    num_rewards = int(needed.shape[1])
+    for index, item in enumerate(items):
+        if len(item.leave_one_out_ids) != num_rewards:
+            raise ValueError(
+                f"item {index} has {len(item.leave_one_out_ids)} leave-one-out contexts, expected {num_rewards}"
+            )
+        if not item.full_context_ids:
+            raise ValueError(f"item {index} has an empty full context; the first response token needs a context")
+        if response_length is not None and len(item.response_ids) > response_length:
+            raise ValueError(
+                f"item {index} has {len(item.response_ids)} response tokens > response_length={response_length}"
+            )
+    return num_rewards
+
+
+def _plan_passes(items: Sequence[ReplayInputs], needed: torch.Tensor) -> tuple[list[_Pass], ReplayStats]:
+    """The passes to run, in response order with the full context first, and the skip counts.
+
+    Args:
+        items: bs responses.
+        needed: (bs, K) bool on the CPU.
+    """
+    stats = ReplayStats()
+    passes: list[_Pass] = []
+    for index, item in enumerate(items):
+        full = list(item.full_context_ids)
+        rewards_to_run = []
+        for reward in needed[index].nonzero().flatten().tolist():
+            if list(item.leave_one_out_ids[reward]) == full:
+                stats.identical_contexts += 1
+            else:
+                rewards_to_run.append(reward)
+        if not rewards_to_run or not item.response_ids:
+            continue  # nothing to compare: not even the full-context pass
+        response = list(item.response_ids)
+        passes.append(_Pass(index, None, full, response))
+        passes.extend(_Pass(index, k, list(item.leave_one_out_ids[k]), response) for k in rewards_to_run)
+    stats.skipped_passes = len(items) * (1 + int(needed.shape[1])) - len(passes)
+    return passes, stats
+
+
+def _pad(
+    micro_batch: list[_Pass], padding_side: str, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Pad ``context + response`` sequences into one batch.
+
+    Returns:
+        input_ids (n, P) long, attention_mask (n, P) long, and per sequence the index of its first real token.
+    """
+    padded_length = max(sequence.length for sequence in micro_batch)
+    input_ids = torch.zeros(len(micro_batch), padded_length, dtype=torch.long)  # pad id is irrelevant: masked out
+    attention_mask = torch.zeros(len(micro_batch), padded_length, dtype=torch.long)
+    offsets = []
+    for row, sequence in enumerate(micro_batch):
+        offset = padded_length - sequence.length if padding_side == "left" else 0
+        real = slice(offset, offset + sequence.length)
+        input_ids[row, real] = torch.tensor([*sequence.context, *sequence.response], dtype=torch.long)
+        attention_mask[row, real] = 1
+        offsets.append(offset)
+    return input_ids.to(device), attention_mask.to(device), offsets
