@@ -2,13 +2,15 @@
 
 For every response ``y`` (T tokens) with full context ``C`` and leave-one-out contexts ``C_-k``:
 
-    q_{k,t} = js_distance( p(. | C, y_<t) / τ , p(. | C_-k, y_<t) / τ )      t = 0 … T-1
+    q_{k,t} = JS distance( softmax(logits(C, y_<t) / τ), softmax(logits(C_-k, y_<t) / τ) )      t = 0 … T-1
 
 Each context is run once with the response appended (prefill only, no sampling). Only the hidden states at
 the T positions that predict response tokens are kept; for a context of length c those are positions
-c-1 … c+T-2 of ``context + response``. The LM head is applied to them ``js_chunk_size`` rows at a time, the
-full-context logits of a chunk once, then compared with every leave-one-out's logits of that chunk, so no
-``(tokens × vocab)`` tensor ever exists for prompt positions and the extra memory is O(chunk × vocab).
+c-1 … c+T-2 of ``context + response``. The LM head is applied to them ``js_chunk_size`` rows at a time, and
+:func:`~mrtpo_verl.math.relevance.js_distance_one_to_many` compares the chunk's full-context distribution
+(softmax computed once) with each leave-one-out's, so no ``(tokens × vocab)`` tensor ever exists for prompt
+positions; the extra memory is the chunk's float32 logits, (1 + K') × chunk × vocab (K' ≤ K leave-one-outs
+of the response), plus the JS reduction's own cache-sized blocks.
 
 Exact skipping (SPEC §1.7): a not-needed (response, k) pair gets no pass and q = 0; a leave-one-out context
 identical to the full one (reward without verifier information) gets no pass and q = 0 exactly; a response
@@ -32,7 +34,7 @@ from typing import Any, Protocol
 import torch
 
 from mrtpo_verl.config import ReplayConfig
-from mrtpo_verl.math.relevance import js_distance
+from mrtpo_verl.math.relevance import js_distance_one_to_many
 
 __all__ = ["ReplayInputs", "ReplayResult", "ReplayScorer", "ReplayStats"]
 
@@ -111,7 +113,8 @@ class ReplayScorer:
 
     Args:
         model: a transformers ``*ForCausalLM`` (any device and dtype); put in eval mode during scoring.
-        js_chunk_size: response positions per LM-head/JS chunk; peak extra memory is O(chunk × vocab).
+        js_chunk_size: response positions per LM-head/JS chunk; peak extra memory is
+            (1 + K) × chunk × vocab float32 logits.
         micro_batch_size: sequences per forward pass.
         temperature: the rollout temperature τ; logits are divided by it (in float32) before the softmax.
         padding_side: "right" or "left"; both give the same q (attention mask and position ids follow it).
@@ -208,29 +211,31 @@ class ReplayScorer:
         stats.forward_passes += len(micro_batch)
         stats.replayed_tokens += sum(sequence.length for sequence in micro_batch)
         stats.padded_tokens += int(attention_mask.numel()) - sum(sequence.length for sequence in micro_batch)
-        # Hidden state at position i predicts token i + 1: response token t is predicted at c - 1 + t.
+        # Hidden state at position i predicts token i + 1: response token t is predicted at c - 1 + t. Cloned so
+        # that a response still waiting for passes holds (T, hidden), not the whole (micro_batch, padded, hidden).
         return [
-            hidden[row, offset + len(sequence.context) - 1 : offset + sequence.length - 1]
+            hidden[row, offset + len(sequence.context) - 1 : offset + sequence.length - 1].clone()
             for row, (sequence, offset) in enumerate(zip(micro_batch, offsets, strict=True))
         ]
 
     def _relevance_of_response(self, hidden: dict[int | None, torch.Tensor], relevance_row: torch.Tensor) -> None:
         """Fill ``relevance_row`` (K, L) from the full context's and each leave-one-out's (T, hidden) states."""
         full = hidden.pop(None)
+        rewards = sorted(reward for reward in hidden if reward is not None)
         num_tokens = full.shape[0]
         for first in range(0, num_tokens, self.js_chunk_size):
+            # Bounded by T, not L: the row's columns past the response are padding and stay 0.
             rows = slice(first, min(first + self.js_chunk_size, num_tokens))
-            full_logits = self._scaled_logits(full[rows])  # computed once, compared with every k
-            for reward, leave_one_out in hidden.items():
-                assert reward is not None
-                relevance_row[reward, rows] = js_distance(
-                    full_logits, self._scaled_logits(leave_one_out[rows]), chunk=self.js_chunk_size
-                )
+            full_logits = self._scaled_logits(full[rows])  # (rows, vocab), computed once for every k
+            leave_one_out_logits = torch.stack([self._scaled_logits(hidden[k][rows]) for k in rewards])
+            relevance_row[rewards, rows] = js_distance_one_to_many(
+                full_logits, leave_one_out_logits, chunk=self.js_chunk_size
+            )
 
     def _scaled_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(rows, hidden) → (rows, vocab) float32 logits / τ (upcast first: bf16 would round the division)."""
         logits: torch.Tensor = self.lm_head(hidden).float()
-        return logits if self.temperature == 1.0 else logits / self.temperature
+        return logits if self.temperature == 1.0 else logits.div_(self.temperature)
 
 
 def _refuse_logit_post_processing(model: Any) -> None:

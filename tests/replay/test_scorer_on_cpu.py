@@ -190,8 +190,10 @@ def test_lm_head_sees_only_response_positions_in_chunks(
     item = replay_items[0]
     scorer = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=3)
     with recorded_calls(scorer.lm_head) as lm_head_inputs:
-        result = scorer.score([item], torch.tensor([[False, True, False]]))
+        result = scorer.score([item], torch.tensor([[False, True, False]]), response_length=len(item.response_ids) + 7)
     response_length = len(item.response_ids)
+    assert (result.relevance[0, 1, :response_length] > 0).any()
+    assert (result.relevance[0, :, response_length:] == 0).all()  # padding past the response stays 0
     # Per chunk of response positions: the full context's rows once, then the 'executable' leave-one-out's.
     chunk_sizes = [min(JS_CHUNK, response_length - first) for first in range(0, response_length, JS_CHUNK)]
     assert [shape[0] for shape in lm_head_inputs] == [size for size in chunk_sizes for _ in range(2)]
