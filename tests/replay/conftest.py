@@ -7,7 +7,6 @@ The model is loaded once per session (about 10 s on CPU) and the responses are g
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,8 +19,6 @@ import torch
 
 from mrtpo_verl.replay.contexts import ReplayContextBuilder, ReplayContexts
 from mrtpo_verl.replay.model_loading import load_causal_lm
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SPIDER_DIR = Path(__file__).resolve().parents[2] / "reward_fns" / "data" / "spider"
 #: Line numbers (0-based) in dev_subset.jsonl of the questions replayed: concert_singer and pets_1.
