@@ -96,6 +96,7 @@ class MRTPOConfig:
     shuffle_seed: int = 0
     reweighting: str = "none"
     dry_run: bool = False
+    dump_dir: str | None = None
     replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     @property
@@ -166,6 +167,8 @@ class MRTPOConfig:
             raise _fail("ablation", f"got {self.ablation!r}", " | ".join(ABLATIONS))
         if self.reweighting not in REWEIGHTINGS:
             raise _fail("reweighting", f"got {self.reweighting!r}", " | ".join(REWEIGHTINGS))
+        if self.dump_dir is not None and not (isinstance(self.dump_dir, str) and self.dump_dir):
+            raise _fail("dump_dir", f"got {self.dump_dir!r}", "null, or a directory path")
         if not isinstance(self.dry_run, bool):
             raise _fail("dry_run", f"got {self.dry_run!r}", "true | false")
         if not isinstance(self.shuffle_seed, int):

@@ -25,9 +25,10 @@ from rich.table import Table
 
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
 from mrtpo_verl.demo.batch import pack_batch, sample_group
-from mrtpo_verl.demo.html_page import ResponseView, render_page
+from mrtpo_verl.demo.html_page import render_page
 from mrtpo_verl.demo.tasks import TASKS, load_prompts
 from mrtpo_verl.demo.token_credit import token_credit
+from mrtpo_verl.demo.views import views_from_batch, write_views
 from mrtpo_verl.replay.model_loading import load_causal_lm
 from mrtpo_verl.trainer.replay_stage import ReplayStage
 from mrtpo_verl.workers.placement import DedicatedBackend, create_replay_worker_group
@@ -104,14 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     credit = token_credit(data, relevance, cfg, step)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    views = _views(data, responses, prompts, tokenizer, credit, reward_keys)
-    (args.out / "views.jsonl").write_text("".join(json.dumps(v.to_json()) + "\n" for v in views))
+    labels = [f"{prompts[r.prompt_index].task} · {r.label}" for r in responses]
+    views = views_from_batch(data, credit, tokenizer, reward_keys, cfg.verifier_info_keys, labels)
     meta = {
         "model": args.model_path or "SmolLM2-135M-Instruct (embedded)",
         "β_s": credit.beta,
         "replay time (s)": round(metrics["mrtpo/replay/time_s"], 1),
         "passes skipped": f"{metrics['mrtpo/replay/skip_fraction']:.0%}",
     }
+    write_views(args.out / "views.jsonl", views, meta)
     (args.out / "token_credit.html").write_text(render_page("MRTPO vs GDPO token credit", views, reward_keys, meta))
     summary = _summary(data, responses, prompts, reward_keys, metrics)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -122,28 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         f"in {time.perf_counter() - started:.0f} s"
     )
     return 0
-
-
-def _views(data, responses, prompts, tokenizer, credit, reward_keys) -> list[ResponseView]:
-    views = []
-    for i, response in enumerate(responses):
-        n = len(response.response_ids)
-        own = [k for k in reward_keys if response.scores.get(dispatch.info_key(k))]
-        index = {k: j for j, k in enumerate(reward_keys)}
-        views.append(
-            ResponseView(
-                group=f"{prompts[response.prompt_index].task} · prompt {response.prompt_index + 1}",
-                prompt=prompts[response.prompt_index].messages[-1]["content"],
-                tokens=[tokenizer.decode([t]) for t in response.response_ids],
-                rewards={k: float(response.scores[k]) for k in own},
-                label=response.label,
-                gdpo_total=credit.gdpo[i, :n].tolist(),
-                mrtpo_total=credit.mrtpo[i, :n].tolist(),
-                gdpo_by_reward={k: credit.gdpo_per_reward[i, index[k], :n].tolist() for k in own},
-                mrtpo_by_reward={k: credit.mrtpo_per_reward[i, index[k], :n].tolist() for k in own},
-            )
-        )
-    return views
 
 
 def _summary(data, responses, prompts, reward_keys, metrics) -> dict:

@@ -108,6 +108,10 @@ class MRTPOTrainer(PPOTrainerSync):
             relevance, replay_metrics = self.replay_stage.run(data, global_step=self.global_steps)
             data.batch[RELEVANCE_KEY] = relevance
             metrics.update(replay_metrics)
+            if cfg.dump_dir is not None:  # mrtpo: token-credit pictures of a real run
+                from mrtpo_verl.trainer.credit_dump import dump_step
+
+                dump_step(cfg.dump_dir, data, relevance, cfg, self.global_steps, self.tokenizer)
 
         # 1. apply kl penalty to rewards
         if self.config.algorithm.use_kl_in_reward:
