@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: venv demo example test lint typecheck unit clean
+.PHONY: venv demo example test lint typecheck unit browser clean
 
 $(STAMP): setup.py pyproject.toml requirements/data-packages.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +40,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy mrtpo_verl/math
 
-unit: $(STAMP)
+unit: $(STAMP) browser
 	$(PY) -m pytest
+
+## Debian's Chromium for the page-rendering test (installed when missing and we are root, as in CI).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "note: chromium not installed (sudo apt-get install chromium); the page-rendering test will be skipped"; fi; }
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -9,6 +9,9 @@ verl's own ``validate_config``, prints the resolved config and exits without sta
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,7 +23,11 @@ def dry_run(config: DictConfig) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    # verl reports its checks on stdout; keep stdout for the config alone, so it parses as yaml.
+    with contextlib.redirect_stdout(sys.stderr):
+        validate_config(
+            config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+        )
     print(OmegaConf.to_yaml(config, resolve=True))
     print(f"mrtpo: config valid (adv_estimator={config.algorithm.adv_estimator}); dry run, nothing started")
 
