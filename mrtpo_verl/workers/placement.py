@@ -50,6 +50,7 @@ def create_replay_worker_group(
         cpus_per_worker: CPU threads of each worker.
     """
     use_gpu = device == "cuda"
+    _check_resources(process_on_nodes, use_gpu, cpus_per_worker)
     # verl's default max_colocate_count asks for 10 CPUs per bundle; a CPU pool must ask for what it uses.
     pool = RayResourcePool(
         process_on_nodes=process_on_nodes, use_gpu=use_gpu, max_colocate_count=cpus_per_worker, name_prefix=REPLAY_ROLE
@@ -69,6 +70,20 @@ def create_replay_worker_group(
     )
     group.init_model()
     return group
+
+
+def _check_resources(process_on_nodes: list[int], use_gpu: bool, cpus_per_worker: int) -> None:
+    """Fail with the numbers instead of waiting forever for a placement group Ray cannot place."""
+    workers = sum(process_on_nodes)
+    wanted = {"CPU": float(workers * cpus_per_worker)} | ({"GPU": float(workers)} if use_gpu else {})
+    free = ray.available_resources()
+    short = {k: (v, free.get(k, 0.0)) for k, v in wanted.items() if free.get(k, 0.0) < v}
+    if short:
+        detail = ", ".join(f"{k}: needs {need:g}, free {have:g}" for k, (need, have) in short.items())
+        raise RuntimeError(
+            f"mrtpo dedicated replay pool cannot be placed ({detail}); leave room for it (e.g. fewer "
+            "trainer.n_gpus_per_node, or mrtpo.replay.dedicated_device=cpu) or lower mrtpo.replay.dedicated_workers"
+        )
 
 
 class DedicatedBackend:
