@@ -185,15 +185,16 @@ def _tool_user_prompt(schema: dict[str, Any], question: str) -> str:
 def _tool_case(name: str, style: str, schema: dict[str, Any], question: str, **fields: Any) -> Case:
     """A tool-calling case; style "system+format" (the recipes' prompt), "system" (no format line) or "user"."""
     if style == "user":
-        prompts = {"prompt": _tool_user_prompt(schema, question)}
+        prompt, system = _tool_user_prompt(schema, question), ""
     else:
-        prompts = {"prompt": question, "system": _tool_system(schema, with_format=style == "system+format")}
+        prompt, system = question, _tool_system(schema, with_format=style == "system+format")
     return Case(
         name=name,
         family="tool_calling",
         data_source="bfcl",
+        prompt=prompt,
+        system=system,
         expectations=_TOOL_EXPECTATIONS,
-        **prompts,
         **fields,
     )
 
