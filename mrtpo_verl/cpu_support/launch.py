@@ -1,0 +1,132 @@
+"""What a CPU run of verl's real trainer needs: a small HF model folder, the env, and config deltas.
+
+- :func:`save_derived_model`: the embedded SmolLM2-135M-Instruct (dequantised), optionally cut to
+  its first ``num_layers`` decoder layers, saved as a normal HF folder for
+  ``actor_rollout_ref.model.path``.
+- :data:`CPU_ENV`: set in the driver *before* verl is imported and forwarded to every Ray process
+  (``ray_kwargs.ray_init.runtime_env.env_vars``): selects the CPU platform and makes every
+  ``import verl`` import :mod:`mrtpo_verl.cpu_support.register` (verl's ``VERL_USE_EXTERNAL_MODULES``).
+- :func:`cpu_overrides`: the hydra overrides of a CPU run (logical GPUs for Ray's placement
+  groups, the ``hf`` rollout, fp32 FSDP, small batches, one agent/reward worker).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from mrtpo_verl.cpu_support.distributed import SETUP_HOOK
+
+__all__ = ["CPU_ENV", "apply_cpu_env", "cpu_overrides", "save_derived_model"]
+
+CPU_ENV = {
+    "VERL_PLATFORM": "cpu",
+    # mrtpo_trainer: registers trainer.v1.trainer_mode=mrtpo_sync in every process (the verl.plugins
+    # entry point registers only the estimator, so verl's TaskRunnerV1 would not find the trainer).
+    "VERL_USE_EXTERNAL_MODULES": "mrtpo_verl.cpu_support.register,mrtpo_verl.trainer.mrtpo_trainer",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def apply_cpu_env() -> None:
+    """Set :data:`CPU_ENV` in this process (call before the first ``import verl``)."""
+    os.environ.update(CPU_ENV)
+
+
+def save_derived_model(out_dir: str | Path, num_layers: int | None = 2) -> Path:
+    """Save the embedded SmolLM2-135M-Instruct (first ``num_layers`` layers; None = all) to ``out_dir``."""
+    import torch
+
+    from mrtpo_verl.replay.model_loading import load_causal_lm
+
+    out = Path(out_dir)
+    model, tokenizer = load_causal_lm(None, dtype=torch.float32)
+    if num_layers is not None and num_layers < model.config.num_hidden_layers:
+        model.model.layers = model.model.layers[:num_layers]
+        model.config.num_hidden_layers = num_layers
+        if getattr(model.config, "layer_types", None):
+            model.config.layer_types = model.config.layer_types[:num_layers]
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def cpu_overrides(
+    *,
+    model_path: str | Path,
+    train_files: str | Path,
+    val_files: str | Path,
+    ckpt_dir: str | Path,
+    prompt_length: int,
+    response_length: int,
+    batch_size: int,
+    n: int,
+    total_steps: int,
+    ray_cpus: int = 16,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """Hydra overrides (on ``mrtpo_trainer``) that run verl's trainer on one CPU 'device'."""
+    env_vars = ",".join(f"{key}:'{value}'" for key, value in CPU_ENV.items())
+    return [
+        # Ray: one logical GPU bundle (verl's resource pools ask for GPUs), enough logical CPUs.
+        "+ray_kwargs.ray_init.num_gpus=1",
+        f"ray_kwargs.ray_init.num_cpus={ray_cpus}",
+        "+ray_kwargs.ray_init.include_dashboard=false",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars={{{env_vars}}}",
+        # gloo process group of each worker before verl's (whose backend string is invalid on CPU)
+        f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={total_steps}",
+        "trainer.total_epochs=100",
+        "trainer.logger=[console]",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        f"trainer.default_local_dir={ckpt_dir}",
+        "trainer.critic_warmup=0",
+        # data
+        f"data.train_files={train_files}",
+        f"data.val_files={val_files}",
+        f"data.train_batch_size={batch_size}",
+        f"data.max_prompt_length={prompt_length}",
+        f"data.max_response_length={response_length}",
+        "data.dataloader_num_workers=0",
+        "data.shuffle=true",
+        # model + actor: FSDP2 in fp32 on gloo
+        f"actor_rollout_ref.model.path={model_path}",
+        "actor_rollout_ref.model.use_remove_padding=false",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch_size * n}",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.optim.lr=1e-4",
+        "actor_rollout_ref.actor.use_torch_compile=false",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32",
+        # rollout: the hf backend of mrtpo_verl.cpu_support
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.n={n}",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch_size * n}",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "actor_rollout_ref.rollout.free_cache_engine=false",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        # reward loop: one worker
+        "reward.num_workers=1",
+        # TransferQueue: one storage unit (each is a Ray actor asking for a CPU)
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "transfer_queue.backend.SimpleStorage.total_storage_size=10000",
+        *extra,
+    ]

@@ -1,0 +1,47 @@
+"""Registers the CPU backend with verl; the module ``VERL_USE_EXTERNAL_MODULES`` names.
+
+``import verl`` imports it (``verl/__init__.py``: ``import_external_libs``) before any code asks
+for the platform, so the CPU platform is in ``PlatformRegistry`` when verl first resolves one.
+With ``VERL_PLATFORM=cpu`` it also registers verl's FSDP engine for ``cpu`` and the ``hf``
+rollout.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mrtpo_verl.cpu_support.platform import PLATFORM_NAME, PlatformCPU
+
+__all__ = ["PLATFORM_NAME", "ROLLOUT_NAME", "PlatformCPU", "install", "register_hf_rollout"]
+
+#: ``actor_rollout_ref.rollout.name`` of the HF rollout (:mod:`mrtpo_verl.cpu_support.rollout`).
+ROLLOUT_NAME = "hf"
+_ROLLOUT_MODULE = "mrtpo_verl.cpu_support.rollout"
+
+
+def register_hf_rollout() -> None:
+    """Register ``hf`` in both of verl's rollout registries, lazily (the module loads on first use).
+
+    ``RolloutReplicaRegistry.register(name, loader)`` is verl's API for replicas; the adapter
+    registry ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` maps ``(name, mode)`` to a dotted
+    class path and has no register function, so the entry is added to the dict.
+    """
+    import importlib
+
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: importlib.import_module(_ROLLOUT_MODULE).HFReplica)
+    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{_ROLLOUT_MODULE}.HFServerAdapter"
+
+
+def install() -> None:
+    """Register the CPU engine and the ``hf`` rollout with verl (idempotent)."""
+    from mrtpo_verl.cpu_support.engine import register_cpu_engines
+
+    register_cpu_engines()
+    register_hf_rollout()
+
+
+if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME:
+    install()

@@ -1,0 +1,257 @@
+"""An HF-transformers rollout for verl's rollout registries, for CPU runs (no vLLM/SGLang).
+
+verl 0.9.1 has two registries for a rollout backend, and this module fills both under the name
+``hf`` (``actor_rollout_ref.rollout.name=hf``):
+
+- ``verl.workers.rollout.replica.RolloutReplicaRegistry`` — the *replica* the trainer's
+  ``LLMServerManager`` launches: here :class:`HFReplica`, which starts one :class:`HFLLMServer`
+  Ray actor per replica. The agent loop's ``LLMServerClient`` calls its ``generate`` with
+  token ids and sampling parameters and gets a ``TokenOutput`` back, as from vLLM.
+- ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` — the *adapter* class that verl's
+  ``ActorRolloutRefWorker`` builds inside the actor process (``get_rollout_class``): here
+  :class:`HFServerAdapter`, which receives the actor's weights in verl's ``naive``
+  (colocated) weight sync and loads them into the server.
+
+The server generates with ``model.generate`` one request at a time (CPU), sampling with the
+request's temperature / top-p / top-k, at most ``rollout.response_length`` new tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+import ray
+import torch
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+__all__ = ["ROLLOUT_NAME", "HFLLMServer", "HFReplica", "HFServerAdapter", "server_name"]
+
+logger = logging.getLogger(__name__)
+
+#: ``actor_rollout_ref.rollout.name`` of this backend (registered by :mod:`mrtpo_verl.cpu_support.register`).
+ROLLOUT_NAME = "hf"
+
+
+def server_name(replica_rank: int) -> str:
+    """Ray actor name of a replica's server (the adapter finds its server by it)."""
+    return f"mrtpo_cpu_hf_server_{replica_rank}"
+
+
+class HFLLMServer:
+    """A token-in/token-out generation server on an HF causal LM (a Ray actor; async methods).
+
+    Args:
+        model_path: local HF model directory (the actor's ``model.path``).
+        prompt_length, response_length: the rollout config's lengths (cap on new tokens).
+        torch_threads: intra-op threads of this process.
+        seed: seed of the sampling generator (the rollout config's ``seed``).
+    """
+
+    def __init__(
+        self, model_path: str, prompt_length: int, response_length: int, torch_threads: int = 1, seed: int = 0
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(max(1, torch_threads))
+        torch.manual_seed(seed)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+        self.model.eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.prompt_length = prompt_length
+        self.response_length = response_length
+        self.global_steps: int | None = None
+        self.weight_version = 0
+        self._lock = asyncio.Lock()
+        self._eos_ids = _eos_ids(self.model, self.tokenizer)
+
+    # -- generation -----------------------------------------------------------------------
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Any = None,
+        video_data: Any = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        async with self._lock:  # one request at a time: the CPU is the bottleneck anyway
+            return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params))
+
+    def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
+        max_new = params.pop("max_tokens", params.pop("max_new_tokens", None))
+        if max_new is None:
+            max_new = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
+        max_new = max(1, int(max_new))
+        temperature = float(params.get("temperature", 1.0))
+        top_p = float(params.get("top_p", 1.0))
+        top_k = int(params.get("top_k", -1))
+        want_logprobs = bool(params.get("logprobs", False))
+        do_sample = temperature > 0
+        generate_kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new,
+            "do_sample": do_sample,
+            "eos_token_id": self._eos_ids,
+            "pad_token_id": self._eos_ids[0],
+            "output_scores": want_logprobs,
+            "return_dict_in_generate": True,
+        }
+        if do_sample:
+            generate_kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0)
+        else:
+            generate_kwargs.update(temperature=None, top_p=None, top_k=None)
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **generate_kwargs)
+        tokens = out.sequences[0, input_ids.shape[1] :].tolist()
+        # Cut after the first end-of-sequence token (HF pads the rest of a batch with it).
+        for position, token in enumerate(tokens):
+            if token in self._eos_ids:
+                tokens = tokens[: position + 1]
+                break
+        log_probs = None
+        if want_logprobs:
+            log_probs = [
+                float(torch.log_softmax(score[0].float(), dim=-1)[token])
+                for score, token in zip(out.scores, tokens, strict=False)
+            ]
+        return TokenOutput(
+            token_ids=tokens,
+            log_probs=log_probs,
+            stop_reason="completed",
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    # -- weights --------------------------------------------------------------------------
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> float:
+        """Load the actor's weights (HF names); returns the seconds it took."""
+        start = time.perf_counter()
+        async with self._lock:
+            missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        if unexpected or [name for name in missing if not name.endswith("lm_head.weight")]:
+            raise ValueError(f"hf rollout: weights do not match the model (missing {missing}, unexpected {unexpected})")
+        self.weight_version += 1
+        if global_steps is not None:
+            self.global_steps = global_steps
+        return time.perf_counter() - start
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def get_weight_version(self) -> int:
+        return self.weight_version
+
+    async def state_dict_checksum(self) -> float:
+        """Sum of all parameters (tests compare it with the actor's)."""
+        return float(sum(p.detach().double().sum() for p in self.model.parameters()))
+
+    # -- lifecycle verl's replicas and checkpoint manager call; nothing to free on CPU ------
+    async def wake_up(self) -> None:
+        return None
+
+    async def sleep(self) -> None:
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    ids = list(eos) if isinstance(eos, list | tuple) else [eos]
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return [int(i) for i in ids]
+
+
+class HFReplica(RolloutReplica):
+    """verl rollout replica that serves generation from one :class:`HFLLMServer` actor."""
+
+    async def launch_servers(self) -> None:
+        model_path = str(getattr(self.model_config, "local_path", None) or self.model_config.path)
+        threads = int(os.environ.get("MRTPO_CPU_ROLLOUT_THREADS", "1"))
+        server = (
+            ray.remote(HFLLMServer)
+            .options(name=server_name(self.replica_rank), num_cpus=0, max_concurrency=self.max_concurrency)
+            .remote(
+                model_path=model_path,
+                prompt_length=int(self.config.prompt_length),
+                response_length=int(self.config.response_length),
+                torch_threads=threads,
+                seed=int(getattr(self.config, "seed", 0)),
+            )
+        )
+        await server.get_weight_version.remote()  # wait until the model is loaded
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = server_name(self.replica_rank)
+
+    def rollout_worker_use_gpu(self) -> bool:
+        return False
+
+
+class HFServerAdapter(BaseRollout):
+    """The actor-side half of the ``hf`` rollout (verl's ``BaseRollout`` role): weight sync.
+
+    verl's ``ActorRolloutRefWorker.update_weights`` (``naive`` backend, colocated sync training)
+    calls ``resume``, ``update_weights(per_tensor_param, ...)`` and ``resume`` again. Every rank
+    drains the weight generator (it may run collectives); the first rank of each replica sends
+    the full tensors to its server.
+    """
+
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1) -> None:
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", "0"))
+        rollout_world_size = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
+        self.replica_rank = rank // rollout_world_size if replica_rank == -1 else replica_rank
+        self.rollout_rank = rank % rollout_world_size
+        self.sleep_level = 1
+        self.last_sync: dict[str, float] = {}
+
+    async def resume(self, tags: list[str]) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+    async def update_weights(self, weights: Any, wire_format: str = "named_tensors", **kwargs: Any) -> None:
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"hf rollout: weight wire format {wire_format!r} (only named_tensors)")
+        start = time.perf_counter()
+        state_dict = {}
+        for name, tensor in weights:
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            state_dict[name] = full.detach().to("cpu", copy=True)
+        if self.rollout_rank != 0:
+            return
+        server = ray.get_actor(server_name(self.replica_rank))
+        load_s = await server.update_weights.remote(ray.put(state_dict), kwargs.get("global_steps"))
+        self.last_sync = {"collect_s": time.perf_counter() - start, "load_s": float(load_s)}
