@@ -88,10 +88,11 @@ class MRTPOTrainer(PPOTrainerSync):
         cfg = self.mrtpo_config
 
         # Same fields as verl, plus what gdpo needs (prompts for its response-length arithmetic) and ours.
-        fields = [*VERL_ADVANTAGE_FIELDS, "prompts", "responses", *cfg.reward_keys]  # mrtpo: extra fields
+        fields = [*VERL_ADVANTAGE_FIELDS, "prompts", "responses", "extra_fields", *cfg.reward_keys]  # mrtpo
         if estimator == "mrtpo":
             fields += [*cfg.verifier_info_keys, "raw_prompt"]  # mrtpo: replay inputs
-        available = set(tq.kv_batch_get(keys=batch.keys[:1], partition_id=batch.partition_id).keys())  # mrtpo
+        first = tq.kv_batch_get(keys=batch.keys[:1], partition_id=batch.partition_id)  # mrtpo
+        available = set(first.keys()) | _reward_extra_keys(first)  # mrtpo
         _require_fields(available, cfg, estimator)  # mrtpo: clear error before any replay
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=[f for f in fields if f in available]
@@ -172,14 +173,42 @@ def _require_fields(available: set[str], cfg: MRTPOConfig, estimator: str) -> No
         )
 
 
+def _reward_extra_keys(first: TensorDict) -> set[str]:
+    """Reward-function outputs of the first sample kept in ``extra_fields["reward_extra_info"]``.
+
+    verl 0.9.1's agent loop (``verl/trainer/ppo/v1/agent_loop_tq.py``) stores the reward function's
+    extra keys per sample there rather than as top-level TransferQueue fields.
+    """
+    if "extra_fields" not in first.keys():  # noqa: SIM118  (TensorDict)
+        return set()
+    row = as_object_array(first["extra_fields"])[0] or {}
+    return set((row.get("reward_extra_info") or {}).keys())
+
+
+def _reward_output(data: TensorDict, extra: np.ndarray | None, key: str) -> Any:
+    """A reward-function output column: a top-level field, else each sample's ``reward_extra_info[key]``."""
+    if key in data.keys():  # noqa: SIM118  (TensorDict)
+        return data.pop(key)
+    if extra is None:
+        raise KeyError(f"mrtpo: no field {key!r} in the batch")
+    column = []
+    for row, fields in enumerate(extra):
+        info = (fields or {}).get("reward_extra_info") or {}
+        if key not in info:
+            raise KeyError(f"mrtpo: sample {row} has no reward output {key!r} (reward_extra_info: {sorted(info)})")
+        column.append(info[key])
+    return column
+
+
 def _pop_non_tensor_fields(data: TensorDict, cfg: MRTPOConfig, estimator: str) -> dict[str, np.ndarray]:
     """Move uid, reward components, verifier info and raw prompts out of the TensorDict."""
     non_tensor: dict[str, np.ndarray] = {"uid": as_object_array(data.pop("uid"))}
+    extra = as_object_array(data.pop("extra_fields")) if "extra_fields" in data.keys() else None  # noqa: SIM118
     for key in cfg.reward_keys:
-        non_tensor[key] = as_float_array(data.pop(key), key)
+        non_tensor[key] = as_float_array(_reward_output(data, extra, key), key)
     if estimator == "mrtpo":
         for key in cfg.verifier_info_keys:
-            non_tensor[key] = as_object_array(data.pop(key))
+            non_tensor[key] = as_object_array(_reward_output(data, extra, key))
         if "raw_prompt" in data.keys():  # noqa: SIM118  (TensorDict)
             non_tensor["raw_prompt"] = as_object_array(data.pop("raw_prompt"))
     return non_tensor

@@ -89,8 +89,15 @@ def put_batch(partition: str):
         "response_mask": nested([torch.ones(int(n), dtype=torch.long) for n in response_mask.sum(1)]),
         "rm_scores": nested(rm_scores),
     }
-    for key in ("uid", "raw_prompt", *REWARD_KEYS, *INFO_KEYS):
+    for key in ("uid", "raw_prompt"):
         fields[key] = data.non_tensor_batch[key]
+    # verl 0.9.1's agent loop keeps the reward function's outputs per sample in extra_fields["reward_extra_info"].
+    extra = np.empty(len(data), dtype=object)
+    extra[:] = [
+        {"reward_extra_info": {k: data.non_tensor_batch[k][i] for k in (*REWARD_KEYS, *INFO_KEYS)}}
+        for i in range(len(data))
+    ]
+    fields["extra_fields"] = extra
     keys = [f"{uid}_0_{i}" for i, uid in enumerate(data.non_tensor_batch["uid"])]
     return tq.kv_batch_put(keys=keys, partition_id=partition, fields=tu.get_tensordict(fields)), data
 
