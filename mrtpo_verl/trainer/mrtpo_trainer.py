@@ -64,6 +64,25 @@ class MRTPOTrainer(PPOTrainerSync):
     mrtpo_config: MRTPOConfig | None = None
     replay_stage: Any = None
 
+    def _init_resource_pool_mgr(self) -> None:
+        """verl's mapping, with the actor worker class that can also hand its weights to the replay."""
+        super()._init_resource_pool_mgr()
+        import ray
+        from verl.workers.engine_workers import ActorRolloutRefWorker
+
+        from mrtpo_verl.workers.actor_weights import MRTPOActorRolloutRefWorker
+
+        for role, worker in list(self.role_worker_mapping.items()):
+            if getattr(worker, "__ray_actor_class__", None) is ActorRolloutRefWorker:
+                self.role_worker_mapping[role] = ray.remote(MRTPOActorRolloutRefWorker)
+
+    def mrtpo_actor_state_dict(self) -> dict[str, Any]:
+        """The actor's current full weights (for the dedicated replay placement's weight sync)."""
+        weights = [w for w in self.actor_rollout_wg.mrtpo_state_dict() if w is not None]
+        if len(weights) != 1:
+            raise RuntimeError(f"mrtpo: expected the actor's weights from exactly one rank, got {len(weights)}")
+        return weights[0]
+
     def on_init_end(self) -> None:
         super().on_init_end()
         self.attach_mrtpo()
