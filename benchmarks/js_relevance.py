@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.machine import machine_description as shared_machine_description
 from mrtpo_verl.math import relevance
 from mrtpo_verl.math.relevance import js_distance, js_distance_one_to_many
 
@@ -56,20 +56,7 @@ class Row:
 
 
 def machine_description(argv: list[str]) -> list[str]:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            match = re.search(r"model name\s*:\s*(.+)", cpuinfo.read())
-        cpu = match.group(1).strip() if match else cpu
-    except OSError:
-        pass
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    return [
-        f"command: python -m benchmarks.js_relevance {' '.join(argv)}".rstrip(),
-        f"machine: {cpu}; {os.cpu_count()} logical cores; {platform.system()} {platform.machine()}",
-        f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads; "
-        f"Python {platform.python_version()}; load average at start {load}",
-    ]
+    return shared_machine_description("benchmarks.js_relevance", argv, "")
 
 
 def _ms(seconds: float) -> str:

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import platform
 import re
 import statistics
 import sys
@@ -44,6 +42,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.machine import machine_description as shared_machine_description
 from mrtpo_verl.replay.scorer import ReplayScorer
 
 LATEST = Path(__file__).with_name("replay_cost_latest.md")
@@ -72,21 +71,9 @@ class SyntheticItem:
 
 
 def machine_description(argv: list[str]) -> list[str]:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            match = re.search(r"model name\s*:\s*(.+)", cpuinfo.read())
-        cpu = match.group(1).strip() if match else cpu
-    except OSError:
-        pass
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    return [
-        f"command: python -m benchmarks.replay_cost {' '.join(argv)}".rstrip(),
-        f"machine: {cpu}; {os.cpu_count()} logical cores; {platform.system()} {platform.machine()}",
-        f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads; "
-        f"Python {platform.python_version()}; model SmolLM2-135M-Instruct (embedded, float32); "
-        f"load average at start {load}",
-    ]
+    return shared_machine_description(
+        "benchmarks.replay_cost", argv, "model SmolLM2-135M-Instruct (embedded, float32); "
+    )
 
 
 def _ms(seconds: float) -> str:

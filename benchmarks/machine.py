@@ -1,0 +1,27 @@
+"""The command-and-machine header every benchmark prints above its table."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+
+import torch
+
+
+def machine_description(module: str, argv: list[str], extra: str = "") -> list[str]:
+    """Three lines: the command, the CPU, and torch/Python/threads/load (plus ``extra``, e.g. the model)."""
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            match = re.search(r"model name\s*:\s*(.+)", cpuinfo.read())
+        cpu = match.group(1).strip() if match else cpu
+    except OSError:
+        pass
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    return [
+        f"command: python -m {module} {' '.join(argv)}".rstrip(),
+        f"machine: {cpu}; {os.cpu_count()} logical cores; {platform.system()} {platform.machine()}",
+        f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads; "
+        f"Python {platform.python_version()}; {extra}load average at start {load}",
+    ]
