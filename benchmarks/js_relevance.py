@@ -33,6 +33,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -155,7 +156,8 @@ def memory_child(what: str, n_tokens: int, vocab: int, dtype_name: str) -> None:
 def measure_memory(what: str, n_tokens: int, vocab: int, dtype_name: str) -> int:
     command = [sys.executable, "-m", "benchmarks.js_relevance", "--memory-child", what]
     command += ["--rows", str(n_tokens), "--vocab", str(vocab), "--dtypes", dtype_name]
-    result = subprocess.run(command, capture_output=True, text=True, check=True, env={**os.environ})
+    repository = Path(__file__).resolve().parents[1]
+    result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=repository)
     return int(json.loads(result.stdout.strip().splitlines()[-1])["peak_extra_bytes"])
 
 
