@@ -62,7 +62,11 @@ def test_render_cli_on_a_runs_step_dumps(tmp_path: Path) -> None:
     assert render.main([str(tmp_path / "dumps"), "--steps", "5", "--out", str(out)]) == 0
     page = out.read_text()
     assert "step 5" in page and "step 4" not in page
-    assert "SELECT count(*) FROM singer" in page.replace("<span", "\n<span") or "SELECT" in page
+    # Every token of every response is drawn once per row (total + each reward) and column (GDPO, MRTPO).
+    _, views = read_views(tmp_path / "dumps" / "step_5.jsonl")
+    expected_spans = sum(len(v.tokens) * 2 * (1 + len(v.gdpo_by_reward)) for v in views)
+    assert page.count('class="tok"') == expected_spans
+    assert ">SELECT<" in page or "> SELECT<" in page
     with pytest.raises(SystemExit):
         render.main([str(tmp_path / "dumps"), "--steps", "9", "--out", str(out)])
 
