@@ -31,28 +31,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from benchmarks.machine import Row
 from benchmarks.machine import machine_description as shared_machine_description
 from mrtpo_verl.math import relevance
 from mrtpo_verl.math.relevance import js_distance, js_distance_one_to_many
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-@dataclass
-class Row:
-    """One line of the table: what was measured, ours, the baseline, and ours / baseline."""
-
-    measurement: str
-    setting: str
-    ours: str
-    baseline: str
-    baseline_is: str
-    ratio: str
 
 
 def machine_description(argv: list[str]) -> list[str]:

@@ -1,12 +1,25 @@
-"""The command-and-machine header every benchmark prints above its table."""
+"""What every benchmark table shares: the command-and-machine header and the row type."""
 
 from __future__ import annotations
 
 import os
 import platform
 import re
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class Row:
+    """One line of a table: what was measured, ours, the baseline, and ours / baseline."""
+
+    measurement: str
+    setting: str
+    ours: str
+    baseline: str
+    baseline_is: str
+    ratio: str
 
 
 def machine_description(module: str, argv: list[str], extra: str = "") -> list[str]:

@@ -42,23 +42,12 @@ from typing import Any
 
 import torch
 
+from benchmarks.machine import Row
 from benchmarks.machine import machine_description as shared_machine_description
 from mrtpo_verl.replay.scorer import ReplayScorer
 
 LATEST = Path(__file__).with_name("replay_cost_latest.md")
 TOKEN_RANGE = (1000, 40000)  # ordinary BPE tokens of SmolLM2's vocabulary (no special tokens)
-
-
-@dataclass
-class Row:
-    """One line of the table: what was measured, ours, the baseline, and ours / baseline."""
-
-    measurement: str
-    setting: str
-    ours: str
-    baseline: str
-    baseline_is: str
-    ratio: str
 
 
 @dataclass(frozen=True)
