@@ -41,7 +41,7 @@ setup(
         "absl-py",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "scipy", "ruff", "mypy"],
+        "test": ["pytest", "pytest-timeout", "hypothesis", "scipy", "ruff", "mypy"],
     },
     entry_points={
         # Loaded by every `import verl` (driver and Ray workers): registers adv_estimator=mrtpo.

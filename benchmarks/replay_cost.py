@@ -20,7 +20,10 @@ It prints one Markdown table (and writes it to ``benchmarks/replay_cost_latest.m
   fraction of passes skipped, stage time with and without skipping, relevance of needed pairs compared;
 - growth: the replay stage's time (context building + scoring; GDPO's advantage step costs ~nothing, so this
   is MRTPO's extra time over GDPO) against K (synthetic ~30-token verifier texts, every pair needed) and
-  against response length, with least-squares line fits and R².
+  against response length (256 to 4,096 tokens), each timed interleaved with verl's old-log-prob pass over
+  the same responses (a cost GDPO's step pays too, quadratic attention included), with least-squares line
+  fits and R²; for K also against the replayed tokens, which grow faster than K because each of the 1 + K
+  contexts carries up to K verifier texts.
 
 All timings are medians of ``--repeats``, interleaved where two things are compared; the same
 ``torch.set_num_threads`` is used for every figure. The machine is described at the top (on a shared machine
@@ -272,19 +275,39 @@ def growth_batch(
     return prompts, responses, infos
 
 
-def replay_stage_time(model: Any, tokenizer: Any, batch: int, response_length: int, k: int, repeats: int) -> float:
-    """Median seconds of context building + scoring for a batch, every (response, reward) pair needed."""
+@dataclasses.dataclass(frozen=True)
+class GrowthPoint:
+    """One growth measurement: replay stage and verl's old-log-prob pass on the same responses, interleaved."""
+
+    replay_s: float
+    old_log_prob_s: float
+    replayed_tokens: int
+
+
+def growth_point(model: Any, tokenizer: Any, batch: int, response_length: int, k: int, repeats: int) -> GrowthPoint:
+    """Median seconds of the replay stage (context building + scoring, every pair needed) and of verl's
+    old-log-prob computation over the same responses after their full contexts (what GDPO's step also pays)."""
     from mrtpo_verl.replay.contexts import ReplayContextBuilder
 
     builder = ReplayContextBuilder(tokenizer, [f"reward_{i}" for i in range(k)], max_context_tokens=8192)
     scorer = ReplayScorer(model, js_chunk_size=256, micro_batch_size=4)
     prompts, responses, infos = growth_batch(tokenizer, batch, response_length, k, seed=k * 10_000 + response_length)
     needed = torch.ones(batch, k, dtype=torch.bool)
+    sequences = [
+        torch.tensor([[*item.full_context_ids, *item.response_ids]])
+        for item in builder.build_batch(prompts, responses, infos)
+    ]
+    replayed: list[int] = []
 
     def stage() -> None:
-        scorer.score(builder.build_batch(prompts, responses, infos), needed)
+        replayed.append(scorer.score(builder.build_batch(prompts, responses, infos), needed).stats.replayed_tokens)
 
-    return time_interleaved({"stage": stage}, repeats, warm_up=False)["stage"]
+    def old_log_probs() -> None:
+        for input_ids in sequences:
+            verl_old_log_probs(model, input_ids, response_length)
+
+    median = time_interleaved({"stage": stage, "verl": old_log_probs}, repeats, warm_up=False)
+    return GrowthPoint(median["stage"], median["verl"], replayed[-1])
 
 
 def growth_rows(
@@ -298,32 +321,51 @@ def growth_rows(
     repeats: int,
 ) -> list[Row]:
     rows = []
-    by_k = {k: replay_stage_time(model, tokenizer, batch, length_for_k, k, repeats) for k in contexts}
-    for k, seconds in by_k.items():
+    by_k = {k: growth_point(model, tokenizer, batch, length_for_k, k, repeats) for k in contexts}
+    for k, point in by_k.items():
         rows.append(
             Row(
                 "growth with K",
-                f"{batch} responses x {length_for_k} tokens, K={k} (~30-token verifier texts)",
-                _ms(seconds),
-                _ms(seconds / (1 + k)),
-                "per (1+K) pass",
-                f"{seconds / (batch * (1 + k) * length_for_k) * 1e3:.3f} ms/response token/pass",
+                f"{batch} responses x {length_for_k} tokens, K={k} (~30-token verifier texts): "
+                f"{point.replayed_tokens:,} tokens replayed",
+                _ms(point.replay_s),
+                _ms(point.old_log_prob_s),
+                "verl old log-probs, same responses",
+                f"{point.replay_s / point.old_log_prob_s:.2f}x; "
+                f"{point.replay_s / point.replayed_tokens * 1e3:.2f} ms per replayed token",
             )
         )
-    rows.append(fit_row("  line fit time vs K", list(by_k), list(by_k.values()), "s per extra reward"))
-    by_length = {n: replay_stage_time(model, tokenizer, batch, n, k_for_lengths, repeats) for n in lengths}
-    for n, seconds in by_length.items():
+    ks = list(by_k)
+    rows.append(fit_row("  line fit time vs K", ks, [by_k[k].replay_s for k in ks], "s per extra reward"))
+    tokens = [by_k[k].replayed_tokens for k in ks]
+    rows.append(
+        fit_row("  line fit time vs tokens", tokens, [by_k[k].replay_s for k in ks], "s per 1k replayed tokens", 1e3)
+    )
+    by_length = {n: growth_point(model, tokenizer, batch, n, k_for_lengths, repeats) for n in lengths}
+    for n, point in by_length.items():
         rows.append(
             Row(
                 "growth with response length",
                 f"{batch} responses x {n} tokens, K={k_for_lengths}",
-                _ms(seconds),
-                _ms(seconds / (1 + k_for_lengths)),
-                "per (1+K) pass",
-                f"{seconds / (batch * (1 + k_for_lengths) * n) * 1e3:.3f} ms/response token/pass",
+                _ms(point.replay_s),
+                _ms(point.old_log_prob_s),
+                "verl old log-probs, same responses",
+                f"{point.replay_s / point.old_log_prob_s:.2f}x ({1 + k_for_lengths} passes)",
             )
         )
-    rows.append(fit_row("  line fit time vs length", list(by_length), list(by_length.values()), "s per 1k tokens", 1e3))
+    ns = list(by_length)
+    rows.append(fit_row("  line fit time vs length", ns, [by_length[n].replay_s for n in ns], "s per 1k tokens", 1e3))
+    ratios = [by_length[n].replay_s / by_length[n].old_log_prob_s for n in ns]
+    rows.append(
+        Row(
+            "  replay / old log-probs",
+            f"x = {', '.join(map(str, ns))}",
+            f"{min(ratios):.2f}x - {max(ratios):.2f}x",
+            "",
+            "spread over lengths",
+            f"max / min = {max(ratios) / min(ratios):.2f} (1.00: grows exactly as verl's own pass)",
+        )
+    )
     return rows
 
 
@@ -374,7 +416,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--settings", type=parse_setting, nargs="+", default=[(2, 128, 128)])
     parser.add_argument("--contexts", type=int, nargs="+", default=[1, 2], help="K for the per-pass rows")
     parser.add_argument("--growth-contexts", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--growth-lengths", type=int, nargs="+", default=[256, 512, 1024])
+    parser.add_argument("--growth-lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
     parser.add_argument("--growth-batch", type=int, default=1, help="responses per growth batch")
     parser.add_argument("--growth-k-length", type=int, default=128, help="response length of the K sweep")
     parser.add_argument("--growth-length-k", type=int, default=1, help="K of the response-length sweep")
@@ -382,7 +424,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--max-new-tokens", type=int, default=24, help="demo batch: new tokens per sample")
     parser.add_argument("--no-demo", action="store_true", help="skip the demo-batch rows")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a measurement")
-    parser.add_argument("--out", type=Path, default=LATEST, help="where to write the Markdown ('' = nowhere)")
+    parser.add_argument("--out", default=str(LATEST), help="where to write the Markdown ('' = nowhere)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
@@ -414,8 +456,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     )
     lines = [*table_lines(rows), "", f"total runtime {time.perf_counter() - started:.0f} s"]
     print("\n".join(lines), flush=True)
-    if str(args.out):
-        args.out.write_text("\n".join([*header, "", *lines]) + "\n", encoding="utf-8")
+    if args.out:  # a str: Path("") would be "." and always true
+        Path(args.out).write_text("\n".join([*header, "", *lines]) + "\n", encoding="utf-8")
     return rows
 
 

@@ -55,4 +55,27 @@ def validate_run_config(config: DictConfig) -> MRTPOConfig | None:
             f"actor_rollout_ref.rollout.n: {n} with adv_estimator={estimator} (allowed: an integer ≥ 2); "
             "group-normalised rewards need at least two responses per prompt"
         )
+    if estimator == "mrtpo" and mrtpo.replay.placement == "colocated":
+        _check_colocated_actor(config)
     return mrtpo
+
+
+#: Actor strategies whose engine the colocated replay can run in place.
+COLOCATED_STRATEGIES = ("fsdp2",)
+
+
+def _check_colocated_actor(config: DictConfig) -> None:
+    """The colocated replay runs on the actor engine's FSDP2 model, without sequence parallelism."""
+    strategy = OmegaConf.select(config, "actor_rollout_ref.actor.strategy")
+    if strategy is not None and strategy not in COLOCATED_STRATEGIES:
+        raise MRTPOConfigError(
+            f"actor_rollout_ref.actor.strategy: {strategy!r} with mrtpo.replay.placement=colocated (allowed: "
+            f"{' | '.join(COLOCATED_STRATEGIES)}); set actor_rollout_ref.actor.strategy=fsdp2, or "
+            "mrtpo.replay.placement=dedicated"
+        )
+    sp = OmegaConf.select(config, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", default=1)
+    if sp is not None and int(sp) > 1:
+        raise MRTPOConfigError(
+            f"actor_rollout_ref.actor.ulysses_sequence_parallel_size: {sp} with mrtpo.replay.placement=colocated "
+            "(allowed: 1); the replay's forward passes do not split sequences — use mrtpo.replay.placement=dedicated"
+        )

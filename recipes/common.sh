@@ -16,6 +16,9 @@ GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 # --- MRTPO (paper: β = 0.5 with a 10-step smoothstep warm-up) ---
 MRTPO_BETA=${MRTPO_BETA:-0.5}
 MRTPO_WARMUP_STEPS=${MRTPO_WARMUP_STEPS:-10}
+# ours: replay in the actor's processes on its FSDP2 model (no extra model copy); "dedicated" = own pool.
+REPLAY_PLACEMENT=${REPLAY_PLACEMENT:-colocated}
+ACTOR_STRATEGY=${ACTOR_STRATEGY:-fsdp2}  # the colocated replay needs fsdp2 (the ref follows the actor)
 
 # --- optimiser (paper: AdamW, β1 = 0.9, β2 = 0.999; verl's default optimiser is AdamW) ---
 ADAM_BETAS=${ADAM_BETAS:-[0.9,0.999]}
@@ -59,6 +62,7 @@ python3 -m mrtpo_verl.main_ppo \
     actor_rollout_ref.model.path="${MODEL_PATH}" \
     actor_rollout_ref.model.use_remove_padding=True \
     actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.actor.strategy="${ACTOR_STRATEGY}" \
     actor_rollout_ref.actor.optim.lr="${LR}" \
     actor_rollout_ref.actor.optim.betas="${ADAM_BETAS}" \
     actor_rollout_ref.actor.optim.weight_decay="${WEIGHT_DECAY}" \
@@ -84,6 +88,7 @@ python3 -m mrtpo_verl.main_ppo \
     "mrtpo.verifier_info_keys=[${VERIFIER_INFO_KEYS}]" \
     mrtpo.beta="${MRTPO_BETA}" \
     mrtpo.warmup_steps="${MRTPO_WARMUP_STEPS}" \
+    mrtpo.replay.placement="${REPLAY_PLACEMENT}" \
     trainer.logger="${LOGGER}" \
     trainer.project_name="${PROJECT_NAME}" \
     trainer.experiment_name="${EXPERIMENT_NAME}" \

@@ -12,6 +12,12 @@ from mrtpo_verl.config import MRTPOConfig, MRTPOConfigError
 
 KEYS = ["sql_format", "sql_executability", "sql_execution"]
 INFO = [f"{k}_info" for k in KEYS]
+#: Overrides of a run that start-up validation accepts (rewards, verifier information, groups of 4).
+MULTI_REWARD_RUN = (
+    f"mrtpo.reward_keys=[{','.join(KEYS)}]",
+    f"mrtpo.verifier_info_keys=[{','.join(INFO)}]",
+    "actor_rollout_ref.rollout.n=4",
+)
 
 
 def compose_trainer(*overrides: str):
@@ -108,3 +114,31 @@ def test_omegaconf_block_is_accepted() -> None:
     block = OmegaConf.create(valid_block(beta=0.3, replay={"micro_batch_size": 2}))
     cfg = MRTPOConfig.from_block(block)
     assert cfg.beta == 0.3 and cfg.replay.micro_batch_size == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "allowed"),
+    [
+        (["actor_rollout_ref.actor.strategy=fsdp"], "actor_rollout_ref.actor.strategy", "fsdp2"),
+        (["actor_rollout_ref.actor.strategy=megatron"], "actor_rollout_ref.actor.strategy", "fsdp2"),
+        (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], "ulysses_sequence_parallel_size", "1"),
+    ],
+)
+def test_colocated_replay_refuses_actor_engines_it_cannot_run_on(overrides: list, field: str, allowed: str) -> None:
+    from mrtpo_verl.startup import validate_run_config
+
+    keys = MULTI_REWARD_RUN
+    with pytest.raises(MRTPOConfigError, match=rf"{field}: .*colocated \(allowed: {allowed}\)"):
+        validate_run_config(compose_trainer(*keys, *overrides))
+    # The same engine is fine for the dedicated placement, and for the baselines.
+    assert validate_run_config(compose_trainer(*keys, *overrides, "mrtpo.replay.placement=dedicated")) is not None
+    assert validate_run_config(compose_trainer(*keys, *overrides, "algorithm.adv_estimator=gdpo")) is not None
+
+
+def test_the_default_config_runs_the_colocated_replay_on_fsdp2() -> None:
+    from mrtpo_verl.startup import validate_run_config
+
+    cfg = compose_trainer(*MULTI_REWARD_RUN)
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" and cfg.actor_rollout_ref.ref.strategy == "fsdp2"
+    mrtpo = validate_run_config(cfg)
+    assert mrtpo is not None and mrtpo.replay.placement == "colocated"

@@ -73,14 +73,16 @@ def relevance_for_request(
         [infos[i] for i in range(len(request)) if rows_needed[i]],
     )
     relevance = torch.zeros(len(request), needed.shape[1], response_length)
-    forward_passes = skipped = tokens = 0
-    if built:
-        result = scorer.score(built, needed[rows_needed], response_length=response_length)
-        relevance[rows_needed] = result.relevance.float().cpu()
-        forward_passes, tokens = result.stats.forward_passes, result.stats.replayed_tokens
-        skipped = result.stats.skipped_passes
-    # Responses with no needed pair: 1 + K passes each, none run.
-    skipped += int((~rows_needed).sum()) * (1 + needed.shape[1])
+    # Called even with nothing to score: a sharded (colocated) scorer's passes are collectives, so a rank
+    # with no work still has to run the idle passes that keep it in step with the others.
+    result = scorer.score(built, needed[rows_needed], response_length=response_length)
+    relevance[rows_needed] = result.relevance.float().cpu()
+    forward_passes, tokens = result.stats.forward_passes, result.stats.replayed_tokens
+    skipped = result.stats.skipped_passes
+    # Responses with no needed pair: 1 + K passes each, none run. Rows without response tokens (e.g. the
+    # padding a backend adds to split the request evenly) are not responses and count for nothing.
+    has_response = request.batch["response_mask"].bool().any(dim=1)
+    skipped += int((~rows_needed & has_response).sum()) * (1 + needed.shape[1])
     counters = torch.zeros(4, len(request), dtype=torch.float64)
     if len(request):
         counters[:, 0] = torch.tensor(

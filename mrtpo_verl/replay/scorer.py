@@ -35,6 +35,7 @@ import torch
 
 from mrtpo_verl.config import ReplayConfig
 from mrtpo_verl.math.relevance import js_distance_one_to_many
+from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner
 
 __all__ = ["ReplayInputs", "ReplayResult", "ReplayScorer", "ReplayStats"]
 
@@ -112,7 +113,8 @@ class ReplayScorer:
     """Computes relevance ``q`` (bs, K, L) for a batch of responses with one causal LM.
 
     Args:
-        model: a transformers ``*ForCausalLM`` (any device and dtype); put in eval mode during scoring.
+        model: a transformers ``*ForCausalLM`` (any device and dtype; put in eval mode during scoring), or a
+            :class:`~mrtpo_verl.replay.model_runners.ModelRunner` around one (e.g. the actor engine's sharded model).
         js_chunk_size: response positions per LM-head/JS chunk; peak extra memory is
             (1 + K) × chunk × vocab float32 logits.
         micro_batch_size: sequences per forward pass.
@@ -134,10 +136,9 @@ class ReplayScorer:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
-        _refuse_logit_post_processing(model)
-        self.model = model
-        self.decoder = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()
+        self.runner = model if isinstance(model, ModelRunner) else LocalModelRunner(model)
+        _refuse_logit_post_processing(self.runner.model)
+        self.model = self.runner.model
         self.js_chunk_size = js_chunk_size
         self.micro_batch_size = micro_batch_size
         self.temperature = float(temperature)
@@ -150,7 +151,7 @@ class ReplayScorer:
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device  # type: ignore[no-any-return]
+        return self.runner.device
 
     def score(
         self, items: Sequence[ReplayInputs], needed: torch.Tensor, response_length: int | None = None
@@ -172,24 +173,26 @@ class ReplayScorer:
         relevance = torch.zeros(len(items), num_rewards, length, dtype=torch.float32, device=self.device)
         passes, stats = _plan_passes(items, needed.detach().cpu().bool())
 
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode():
-                self._run(passes, relevance, stats)
-        finally:
-            self.model.train(was_training)
+        with self.runner.scoring():
+            self._run(passes, relevance, stats)
         if relevance.device.type == "cuda":
             torch.cuda.synchronize(relevance.device)
         stats.wall_time_s = time.perf_counter() - start
         return ReplayResult(relevance=relevance, stats=stats)
 
     def _run(self, passes: list[_Pass], relevance: torch.Tensor, stats: ReplayStats) -> None:
-        """Run the passes in micro-batches and reduce each response to q as soon as its passes are done."""
+        """Run the passes in micro-batches and reduce each response to q as soon as its passes are done.
+
+        A sharded runner's passes are collectives: every rank runs as many micro-batches as the busiest
+        one, the extra ones idle.
+        """
         remaining: dict[int, int] = {}
         for sequence in passes:
             remaining[sequence.item] = remaining.get(sequence.item, 0) + 1
         pending: dict[int, dict[int | None, torch.Tensor]] = {}
+        local_micro_batches = -(-len(passes) // self.micro_batch_size)
+        for _ in range(self.runner.agree_on_micro_batches(local_micro_batches) - local_micro_batches):
+            self.runner.idle_forward()
         for first in range(0, len(passes), self.micro_batch_size):
             micro_batch = passes[first : first + self.micro_batch_size]
             hidden_per_pass = self._response_hidden_states(micro_batch, stats)
@@ -204,10 +207,7 @@ class ReplayScorer:
         input_ids, attention_mask, offsets = _pad(micro_batch, self.padding_side, self.device)
         # Positions count real tokens only, so a left-padded sequence sees the same positions as a right-padded one.
         position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
-        output = self.decoder(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        )
-        hidden = output.last_hidden_state  # (micro_batch, padded_length, hidden)
+        hidden = self.runner.hidden_states(input_ids, attention_mask, position_ids)  # (micro_batch, padded, hidden)
         stats.forward_passes += len(micro_batch)
         stats.replayed_tokens += sum(sequence.length for sequence in micro_batch)
         stats.padded_tokens += int(attention_mask.numel()) - sum(sequence.length for sequence in micro_batch)
@@ -234,7 +234,7 @@ class ReplayScorer:
 
     def _scaled_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(rows, hidden) → (rows, vocab) float32 logits / τ (upcast first: bf16 would round the division)."""
-        logits: torch.Tensor = self.lm_head(hidden).float()
+        logits: torch.Tensor = self.runner.logits(hidden).float()
         return logits if self.temperature == 1.0 else logits.div_(self.temperature)
 
 

@@ -70,7 +70,7 @@ class MRTPOTrainer(PPOTrainerSync):
         import ray
         from verl.workers.engine_workers import ActorRolloutRefWorker
 
-        from mrtpo_verl.workers.actor_weights import MRTPOActorRolloutRefWorker
+        from mrtpo_verl.workers.actor_worker import MRTPOActorRolloutRefWorker
 
         for role, worker in list(self.role_worker_mapping.items()):
             if getattr(worker, "__ray_actor_class__", None) is ActorRolloutRefWorker:

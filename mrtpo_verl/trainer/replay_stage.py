@@ -25,6 +25,7 @@ from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.estimator import RELEVANCE_KEY, replay_needed, reward_component_matrix
 from mrtpo_verl.metrics import relevance_metrics
 from mrtpo_verl.ray_metrics import publish
+from mrtpo_verl.workers.replay_worker import RANK_TIME_KEY
 
 __all__ = ["NEEDED_KEY", "ReplayBackend", "ReplayStage", "ReplayWorkerFailed", "build_replay_stage", "build_request"]
 
@@ -127,7 +128,14 @@ class ReplayStage:
     def _stage_metrics(answer: DataProto, needed: torch.Tensor, elapsed: float) -> dict[str, float]:
         counts = {key: float(answer.batch[key].sum()) for key in COUNTER_KEYS}
         passes = counts["mrtpo_forward_passes"] + counts["mrtpo_skipped_passes"]
-        return {
+        # Ray backends report each rank's time; the spread shows how evenly the work was split.
+        rank_times = [float(t) for t in (answer.meta_info.get("metrics") or {}).get(RANK_TIME_KEY, [])]
+        balance = (
+            {"mrtpo/replay/rank_time_s_max": max(rank_times), "mrtpo/replay/rank_time_s_min": min(rank_times)}
+            if rank_times
+            else {}
+        )
+        return balance | {
             "mrtpo/replay/time_s": elapsed,
             "mrtpo/replay/forward_passes": counts["mrtpo_forward_passes"],
             "mrtpo/replay/skip_fraction": counts["mrtpo_skipped_passes"] / passes if passes else 0.0,

@@ -1,12 +1,16 @@
-"""Where the replay runs: a dedicated Ray worker group, or in the driver's process.
+"""Where the replay runs: in the actor's own processes, on a dedicated Ray worker group, or in-process.
 
-- ``dedicated`` (``mrtpo.replay.placement``): a ``RayWorkerGroup`` of :class:`ReplayWorker` on its
-  own ``RayResourcePool`` (CPU or GPU), loading the model itself; before each step it receives
-  the actor's current weights when the trainer can provide them, and the cost is a metric.
+- ``colocated`` (``mrtpo.replay.placement``, the default): :class:`ColocatedBackend` calls
+  ``compute_mrtpo_relevance`` on verl's actor worker group (our subclass of its
+  ``ActorRolloutRefWorker``), so the replay scores with the actor engine's current weights and no
+  extra model copy. FSDP (``strategy=fsdp2``) only; see :mod:`mrtpo_verl.workers.actor_worker`.
+- ``dedicated``: a ``RayWorkerGroup`` of :class:`ReplayWorker` on its own ``RayResourcePool``
+  (CPU or GPU), loading the model itself; before each step it receives the actor's current
+  weights, and the cost is a metric.
 - ``InProcessBackend``: the same scorer in the calling process (tests, the CPU demo, debugging).
-- ``colocated`` — replay inside the actor's processes with the actor engine's current weights —
-  is not available yet: building it needs verl's engine running, which this CPU-only project
-  cannot exercise; a run that asks for it stops at start-up with that reason.
+
+Both Ray backends pad and reorder the request so that every rank gets about the same work
+(:mod:`mrtpo_verl.workers.balanced_split`).
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from verl.protocol import DataProto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
 from mrtpo_verl.config import MRTPOConfig
+from mrtpo_verl.workers.balanced_split import dispatch_balanced
 from mrtpo_verl.workers.replay_worker import REPLAY_ROLE, ReplayWorker
 
-__all__ = ["DedicatedBackend", "InProcessBackend", "build_backend", "create_replay_worker_group"]
+__all__ = ["ColocatedBackend", "DedicatedBackend", "InProcessBackend", "build_backend", "create_replay_worker_group"]
 
 
 def _plain_block(cfg: MRTPOConfig) -> dict[str, Any]:
@@ -115,11 +120,34 @@ class DedicatedBackend:
         }
 
     def compute_relevance(self, request: DataProto) -> DataProto:
-        # verl's DP dispatch splits the request into world_size equal chunks; pad to a multiple.
-        from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+        return dispatch_balanced(request, self.group.world_size, self.group.compute_relevance)
 
-        padded, pad = pad_dataproto_to_divisor(request, self.group.world_size)
-        return unpad_dataproto(self.group.compute_relevance(padded), pad)
+
+class ColocatedBackend:
+    """Replay in the actor's processes: ``compute_mrtpo_relevance`` on verl's actor worker group.
+
+    Args:
+        actor_group: the trainer's ``actor_rollout_wg`` (workers of
+            :class:`~mrtpo_verl.workers.actor_worker.MRTPOActorRolloutRefWorker`).
+        cfg: the ``mrtpo`` block, sent with each request.
+    """
+
+    name = "actor_rollout (colocated)"
+
+    def __init__(self, actor_group: Any, cfg: MRTPOConfig) -> None:
+        if not hasattr(actor_group, "compute_mrtpo_relevance"):
+            raise TypeError(
+                "mrtpo.replay.placement=colocated needs the actor worker group built by the mrtpo_sync trainer "
+                f"(MRTPOActorRolloutRefWorker); {type(actor_group).__name__} has no compute_mrtpo_relevance"
+            )
+        self.group = actor_group
+        self.block = _plain_block(cfg)
+
+    def compute_relevance(self, request: DataProto) -> DataProto:
+        from mrtpo_verl.workers.actor_worker import MRTPO_BLOCK_META_KEY
+
+        request.meta_info[MRTPO_BLOCK_META_KEY] = self.block
+        return dispatch_balanced(request, self.group.world_size, self.group.compute_mrtpo_relevance)
 
 
 class InProcessBackend:
@@ -144,10 +172,7 @@ class InProcessBackend:
 def build_backend(trainer: Any, cfg: MRTPOConfig) -> Any:
     """The backend ``mrtpo.replay.placement`` asks for, for a running verl trainer."""
     if cfg.replay.placement == "colocated":
-        raise NotImplementedError(
-            "mrtpo.replay.placement=colocated (replay in the actor's processes with the engine's weights) is not "
-            "implemented yet; use mrtpo.replay.placement=dedicated"
-        )
+        return ColocatedBackend(trainer.actor_rollout_wg, cfg)
     device = cfg.replay.dedicated_device
     if device == "auto":
         device = "cuda" if str(trainer.config.trainer.get("device", "cuda")) == "cuda" else "cpu"

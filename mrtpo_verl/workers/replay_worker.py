@@ -19,10 +19,12 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from mrtpo_verl.config import MRTPOConfig
 
-__all__ = ["REPLAY_ROLE", "ReplayWorker"]
+__all__ = ["RANK_TIME_KEY", "REPLAY_ROLE", "ReplayWorker"]
 
 #: Name prefix of the worker group (and so of its Ray actors).
 REPLAY_ROLE = "mrtpo_replay"
+#: Per-rank replay seconds in an answer's ``meta_info["metrics"]`` (one entry per rank after verl's collect).
+RANK_TIME_KEY = "mrtpo/replay/rank_time_s"
 
 
 class ReplayWorker(Worker):
@@ -81,7 +83,10 @@ class ReplayWorker(Worker):
             raise RuntimeError("replay worker: init_model was not called")
         start = time.perf_counter()
         answer = relevance_for_request(request, self.builder, self.scorer, self.mrtpo.verifier_info_keys)
-        self._publish(request, answer, time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        self._publish(request, answer, elapsed)
+        # verl's collect turns each worker's "metrics" dict into lists: the driver sees every worker's time.
+        answer.meta_info["metrics"] = {RANK_TIME_KEY: elapsed}
         return answer
 
     def _publish(self, request: DataProto, answer: DataProto, elapsed: float) -> None:

@@ -161,7 +161,7 @@ def test_skipping_gives_the_same_q_on_needed_pairs(
 ) -> None:
     needed = torch.tensor([[True, False, True], [False, True, False]])
     scorer = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=2)
-    with recorded_calls(scorer.decoder) as decoder_inputs:
+    with recorded_calls(scorer.runner.decoder) as decoder_inputs:
         result = scorer.score(replay_items, needed)
 
     torch.testing.assert_close(result.relevance[needed], baseline.relevance[needed], atol=1e-5, rtol=0)
@@ -178,7 +178,7 @@ def test_skipping_gives_the_same_q_on_needed_pairs(
 
 def test_nothing_needed_runs_no_pass(model: Any, replay_items: list[ReplayContexts]) -> None:
     scorer = ReplayScorer(model, js_chunk_size=JS_CHUNK)
-    with recorded_calls(scorer.decoder) as decoder_inputs:
+    with recorded_calls(scorer.runner.decoder) as decoder_inputs:
         result = scorer.score(replay_items, torch.zeros(2, 3, dtype=torch.bool), response_length=20)
     assert decoder_inputs == [] and result.stats.forward_passes == 0 and result.stats.skipped_passes == 8
     assert result.relevance.shape == (2, 3, 20) and (result.relevance == 0).all()
@@ -189,7 +189,7 @@ def test_lm_head_sees_only_response_positions_in_chunks(
 ) -> None:
     item = replay_items[0]
     scorer = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=3)
-    with recorded_calls(scorer.lm_head) as lm_head_inputs:
+    with recorded_calls(scorer.runner.lm_head) as lm_head_inputs:
         result = scorer.score([item], torch.tensor([[False, True, False]]), response_length=len(item.response_ids) + 7)
     response_length = len(item.response_ids)
     assert (result.relevance[0, 1, :response_length] > 0).any()

@@ -31,10 +31,14 @@ def test_gpu_pool_without_gpus_is_an_error(one_cpu_ray) -> None:
         create_replay_worker_group(CFG, None, [1], "cuda")
 
 
-def test_colocated_placement_is_refused_with_the_reason() -> None:
+def test_colocated_placement_needs_our_actor_worker_group() -> None:
+    class VerlActorGroup:  # verl's own worker group has no compute_mrtpo_relevance
+        world_size = 1
+
     class Trainer:
         config = OmegaConf.create({"trainer": {"nnodes": 1, "device": "cpu"}})
+        actor_rollout_wg = VerlActorGroup()
 
     cfg = MRTPOConfig(reward_keys=("a",), verifier_info_keys=("a_info",), replay=ReplayConfig(placement="colocated"))
-    with pytest.raises(NotImplementedError, match=r"use mrtpo\.replay\.placement=dedicated"):
+    with pytest.raises(TypeError, match=r"MRTPOActorRolloutRefWorker.*has no compute_mrtpo_relevance"):
         build_backend(Trainer(), cfg)

@@ -1,0 +1,97 @@
+"""verl's actor worker with two more methods: the colocated replay, and its weights for a dedicated pool.
+
+``MRTPOTrainer`` puts this class where verl's v1 trainer would put ``ActorRolloutRefWorker``
+(``_init_resource_pool_mgr``), so everything verl does with the actor is unchanged.
+
+- :meth:`compute_mrtpo_relevance` (``mrtpo.replay.placement=colocated``): the replay runs in the
+  actor's own processes on the actor engine's model, i.e. with exactly the weights that produced
+  ``old_log_probs`` and with no second copy of the model. It is dispatched like verl's
+  ``compute_log_prob`` (by the actor's data-parallel rank) and runs inside the engine's
+  ``eval_mode`` (which loads offloaded parameters and puts them back after). The model's forward
+  passes are FSDP collectives, so the scorer keeps every rank's number of passes equal
+  (:class:`~mrtpo_verl.replay.model_runners.ShardedModelRunner`).
+- :meth:`mrtpo_state_dict` (``placement=dedicated``): the current full weights, to push to the
+  replay pool before each step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from verl.protocol import DataProto
+from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+from mrtpo_verl.workers.replay_worker import RANK_TIME_KEY
+
+__all__ = ["MRTPO_BLOCK_META_KEY", "MRTPOActorRolloutRefWorker"]
+
+#: ``meta_info`` key of a colocated replay request that carries the ``mrtpo`` block (a plain dict).
+MRTPO_BLOCK_META_KEY = "mrtpo_block"
+
+
+class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
+    """``ActorRolloutRefWorker`` plus :meth:`compute_mrtpo_relevance` and :meth:`mrtpo_state_dict`."""
+
+    _mrtpo_replay: Any = None
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_mrtpo_relevance(self, request: DataProto) -> DataProto | None:
+        """Relevance (shard, K, L) and counters for this rank's shard, on the actor engine's model.
+
+        Args:
+            request: a replay request shard (:func:`mrtpo_verl.trainer.replay_stage.build_request`), with the
+                ``mrtpo`` block in ``meta_info[MRTPO_BLOCK_META_KEY]``.
+
+        Returns:
+            The answer on the ranks verl collects from (all of them without sequence parallelism), else None.
+        """
+        from mrtpo_verl.replay.batch_relevance import relevance_for_request
+
+        if "actor" not in self.role:
+            raise RuntimeError(f"mrtpo colocated replay needs the actor's model; this worker's role is {self.role!r}")
+        builder, scorer, info_keys = self._colocated_replay(request.meta_info[MRTPO_BLOCK_META_KEY])
+        start = time.perf_counter()
+        with self.actor.engine.eval_mode():
+            answer = relevance_for_request(request, builder, scorer, info_keys)
+        # verl's collect turns each rank's "metrics" dict into lists: the driver sees every rank's time.
+        answer.meta_info["metrics"] = {RANK_TIME_KEY: time.perf_counter() - start}
+        return answer if self.actor.engine.is_mp_src_rank_with_outputs() else None
+
+    def _colocated_replay(self, mrtpo_block: dict[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:
+        """Context builder and scorer on the engine's model, built on the first call."""
+        from mrtpo_verl.config import MRTPOConfig
+        from mrtpo_verl.replay.contexts import ReplayContextBuilder
+        from mrtpo_verl.replay.model_runners import ShardedModelRunner
+        from mrtpo_verl.replay.scorer import ReplayScorer
+
+        if self._mrtpo_replay is None or self._mrtpo_replay[0] != mrtpo_block:
+            cfg = MRTPOConfig.from_block(mrtpo_block)
+            engine = self.actor.engine
+            if getattr(engine, "ulysses_sequence_parallel_size", 1) > 1:
+                raise NotImplementedError(
+                    "mrtpo colocated replay does not support Ulysses sequence parallelism "
+                    f"(ulysses_sequence_parallel_size={engine.ulysses_sequence_parallel_size}); "
+                    "use mrtpo.replay.placement=dedicated"
+                )
+            runner = ShardedModelRunner(
+                engine.module, reshard_after_forward=bool(engine.engine_config.reshard_after_forward)
+            )
+            tokenizer = engine.model_config.tokenizer
+            builder = ReplayContextBuilder.from_config(tokenizer, cfg.reward_keys, cfg.replay)
+            scorer = ReplayScorer.from_config(runner, cfg.replay)
+            self._mrtpo_replay = (mrtpo_block, builder, scorer, cfg.verifier_info_keys)
+        _, builder, scorer, info_keys = self._mrtpo_replay
+        return builder, scorer, info_keys
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def mrtpo_state_dict(self) -> dict[str, Any] | None:
+        """The full (HF-named) weights on CPU from rank 0; None from the other ranks.
+
+        Every rank takes part because gathering FSDP shards is collective; only rank 0 keeps a copy,
+        so a single full state dict crosses Ray.
+        """
+        per_tensor, _ = self.actor.engine.get_per_tensor_param()
+        weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in per_tensor}
+        return weights if self.rank == 0 else None

@@ -1,0 +1,77 @@
+"""The balanced split of a replay request over data-parallel ranks (verl's real DataProto and chunking)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from verl.protocol import DataProto
+
+from mrtpo_verl.workers.balanced_split import balanced_row_order, dispatch_balanced, row_costs
+
+
+def request_of(needed: list[list[bool]], prompt_lengths: list[int], response_lengths: list[int]) -> DataProto:
+    """A replay request with real layouts: right-padded prompts and responses, a row id to follow rows."""
+    rows, prompt_width, response_width = len(needed), max(prompt_lengths), max(response_lengths)
+    attention = torch.zeros(rows, prompt_width + response_width, dtype=torch.long)
+    response_mask = torch.zeros(rows, response_width, dtype=torch.long)
+    for row, (p, r) in enumerate(zip(prompt_lengths, response_lengths, strict=True)):
+        attention[row, :p] = 1
+        attention[row, prompt_width : prompt_width + r] = 1
+        response_mask[row, :r] = 1
+    return DataProto.from_dict(
+        tensors={
+            "prompts": torch.ones(rows, prompt_width, dtype=torch.long),
+            "attention_mask": attention,
+            "responses": torch.ones(rows, response_width, dtype=torch.long),
+            "response_mask": response_mask,
+            "mrtpo_needed": torch.tensor(needed, dtype=torch.bool),
+            "row": torch.arange(rows),
+        }
+    )
+
+
+def test_costs_count_passes_times_tokens() -> None:
+    request = request_of([[True, True], [True, False], [False, False]], [3, 5, 4], [2, 1, 6])
+    # (1 + 2 needed) x (3 + 2) tokens; (1 + 1) x (5 + 1); nothing needed: 0.
+    assert row_costs(request).tolist() == [15.0, 12.0, 0.0]
+
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=40), st.integers(1, 8))
+def test_order_is_a_permutation_into_equal_chunks_with_balanced_loads(costs: list[int], chunks: int) -> None:
+    costs = costs + [0] * (-len(costs) % chunks)  # padded as dispatch_balanced pads
+    order = balanced_row_order(costs, chunks)
+    assert sorted(order) == list(range(len(costs)))
+    size = len(costs) // chunks
+    loads = [sum(costs[row] for row in order[i * size : (i + 1) * size]) for i in range(chunks)]
+    # Greedy longest-processing-time: no chunk exceeds the mean by more than the costliest row.
+    assert max(loads) <= sum(costs) / chunks + max(costs)
+
+
+def test_work_bunched_at_the_front_is_spread_over_the_ranks() -> None:
+    # After skipping, the needed rows are often contiguous (whole groups); verl's plain split would give
+    # rank 0 all of them.
+    order = balanced_row_order([5, 5, 5, 5, 0, 0, 0, 0], chunks=2)
+    assert sorted(order[:4]) != [0, 1, 2, 3]
+    assert sum(1 for row in order[:4] if row < 4) == 2
+
+
+def test_dispatch_pads_with_idle_rows_and_answers_in_request_order() -> None:
+    request = request_of([[True, True], [True, True], [True, True]], [4, 4, 4], [3, 3, 3])
+    seen_chunks: list[DataProto] = []
+
+    def dp_call(padded: DataProto) -> DataProto:  # what verl's DP dispatch does: equal contiguous chunks
+        chunks = padded.chunk(2)
+        seen_chunks.extend(chunks)
+        return DataProto.concat([DataProto.from_dict(tensors={"row": c.batch["row"]}) for c in chunks])
+
+    answer = dispatch_balanced(request, 2, dp_call)
+    assert answer.batch["row"].tolist() == [0, 1, 2]  # padding dropped, request order restored
+    padded_rows = torch.cat([c.batch["row"] for c in seen_chunks])
+    assert len(padded_rows) == 4
+    idle = torch.cat([c.batch["mrtpo_needed"].any(dim=1) == 0 for c in seen_chunks])
+    assert int(idle.sum()) == 1  # the one padding row has nothing to replay ...
+    empty = torch.cat([c.batch["response_mask"].sum(dim=1) == 0 for c in seen_chunks])
+    assert torch.equal(idle, empty)  # ... and no response tokens
+    assert [len(c) for c in seen_chunks] == [2, 2]
+    assert request.batch["mrtpo_needed"].all() and len(request) == 3  # the caller's request is untouched
