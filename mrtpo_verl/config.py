@@ -47,6 +47,7 @@ class ReplayConfig:
     placement: str = "colocated"
     temperature: float = 1.0
     micro_batch_size: int = 8
+    max_tokens_per_micro_batch: int = 4096
     js_chunk_size: int = 256
     max_context_tokens: int = 4096
     verifier_header: str = "Verifier information (used only to score this answer):"
@@ -64,6 +65,7 @@ class ReplayConfig:
             raise _fail("replay.temperature", f"got {self.temperature!r}", "a number > 0")
         for name in (
             "micro_batch_size",
+            "max_tokens_per_micro_batch",
             "js_chunk_size",
             "max_context_tokens",
             "dedicated_workers",

@@ -106,6 +106,7 @@ def run_trainer(
         result = subprocess.run(
             [sys.executable, "-m", "mrtpo_verl.main_ppo", *overrides],
             env=env,
+            cwd=out,  # hydra writes its outputs/ folder into the working directory
             stdout=log,
             stderr=subprocess.STDOUT,
             timeout=RUN_TIMEOUT_S,

@@ -98,7 +98,8 @@ def run(command: list[str], env: dict[str, str], cwd: Path = REPO) -> subprocess
 
 
 def dry_run(script: str, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess[str]:
-    return run(["bash", str(RECIPES / script), *overrides, "mrtpo.dry_run=true"], env)
+    # Run from the temporary HOME: hydra writes its outputs/ folder into the working directory.
+    return run(["bash", str(RECIPES / script), *overrides, "mrtpo.dry_run=true"], env, cwd=Path(env["HOME"]))
 
 
 def printed_config(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:

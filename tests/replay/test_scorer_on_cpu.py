@@ -156,6 +156,26 @@ def test_padding_side_and_micro_batch_size_do_not_change_q(
         assert result.stats.padded_tokens > 0  # unequal lengths really were padded
 
 
+def test_token_budget_splits_micro_batches_without_changing_q(
+    model: Any, replay_items: list[ReplayContexts], all_needed: torch.Tensor, baseline: ReplayResult
+) -> None:
+    longest = max(len(item.full_context_ids) + len(item.response_ids) for item in replay_items)
+    budget = 2 * longest + 1  # room for two sequences of any length, never three
+    scorer = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=8, max_tokens_per_micro_batch=budget)
+    with recorded_calls(scorer.runner.decoder) as decoder_inputs:
+        result = scorer.score(replay_items, all_needed)
+    torch.testing.assert_close(result.relevance, baseline.relevance, atol=1e-5, rtol=0)
+    assert all(rows * length <= budget for rows, length in decoder_inputs)
+    assert sum(rows for rows, _ in decoder_inputs) == result.stats.forward_passes
+    assert len(decoder_inputs) > math.ceil(result.stats.forward_passes / 8)  # the budget, not the count, split them
+
+    alone = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=8, max_tokens_per_micro_batch=1)
+    with recorded_calls(alone.runner.decoder) as decoder_inputs:
+        result = alone.score(replay_items, all_needed)
+    torch.testing.assert_close(result.relevance, baseline.relevance, atol=1e-5, rtol=0)
+    assert {rows for rows, _ in decoder_inputs} == {1} and result.stats.padded_tokens == 0  # over budget: alone
+
+
 def test_skipping_gives_the_same_q_on_needed_pairs(
     model: Any, replay_items: list[ReplayContexts], baseline: ReplayResult
 ) -> None:
