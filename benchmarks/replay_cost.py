@@ -355,6 +355,9 @@ def growth_rows(
         )
     ns = list(by_length)
     rows.append(fit_row("  line fit time vs length", ns, [by_length[n].replay_s for n in ns], "s per 1k tokens", 1e3))
+    # The model's own attention is quadratic in the sequence length: verl's pass bends the same way.
+    old_log_prob_times = [by_length[n].old_log_prob_s for n in ns]
+    rows.append(fit_row("  same fit, verl old log-probs", ns, old_log_prob_times, "s per 1k tokens", 1e3))
     ratios = [by_length[n].replay_s / by_length[n].old_log_prob_s for n in ns]
     rows.append(
         Row(

@@ -115,7 +115,14 @@ class ReplayStage:
     def _on_failure(
         self, error: Exception, data: DataProto, global_step: int, metrics: dict[str, float]
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        message = f"mrtpo replay worker group {self.backend.name!r} failed at global step {global_step}: {error!r}"
+        message = (
+            f"mrtpo replay worker group {self.backend.name!r} failed at global step {global_step}: "
+            f"{type(error).__name__}: {error}"
+        )
+        find_dead = getattr(self.backend, "dead_workers", None)
+        dead = find_dead() if find_dead is not None else []
+        if dead:
+            message += f" (worker(s) no longer answering: {', '.join(dead)})"
         if self.cfg.replay.on_worker_failure != "uniform":
             raise ReplayWorkerFailed(message) from error
         # Zero relevance gives q̄ = 0 and so weight 1 everywhere: exactly GDPO for this step.

@@ -27,7 +27,14 @@ from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.workers.balanced_split import dispatch_balanced
 from mrtpo_verl.workers.replay_worker import REPLAY_ROLE, ReplayWorker
 
-__all__ = ["ColocatedBackend", "DedicatedBackend", "InProcessBackend", "build_backend", "create_replay_worker_group"]
+__all__ = [
+    "ColocatedBackend",
+    "DedicatedBackend",
+    "InProcessBackend",
+    "build_backend",
+    "create_replay_worker_group",
+    "dead_workers",
+]
 
 
 def _plain_block(cfg: MRTPOConfig) -> dict[str, Any]:
@@ -77,6 +84,18 @@ def create_replay_worker_group(
     return group
 
 
+def dead_workers(group: RayWorkerGroup, timeout_s: float = 10.0) -> list[str]:
+    """``name (rank r)`` of every worker of ``group`` that no longer answers (for failure messages)."""
+    names = list(getattr(group, "worker_names", None) or [f"worker {rank}" for rank in range(len(group.workers))])
+    dead = []
+    for rank, (name, handle) in enumerate(zip(names, group.workers, strict=False)):
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=timeout_s)  # Ray's own liveness call on every actor
+        except Exception:  # any failure to answer counts as dead here
+            dead.append(f"{name} (rank {rank})")
+    return dead
+
+
 def _check_resources(process_on_nodes: list[int], use_gpu: bool, cpus_per_worker: int) -> None:
     """Fail with the numbers instead of waiting forever for a placement group Ray cannot place."""
     workers = sum(process_on_nodes)
@@ -122,6 +141,9 @@ class DedicatedBackend:
     def compute_relevance(self, request: DataProto) -> DataProto:
         return dispatch_balanced(request, self.group.world_size, self.group.compute_relevance)
 
+    def dead_workers(self) -> list[str]:
+        return dead_workers(self.group)
+
 
 class ColocatedBackend:
     """Replay in the actor's processes: ``compute_mrtpo_relevance`` on verl's actor worker group.
@@ -148,6 +170,9 @@ class ColocatedBackend:
 
         request.meta_info[MRTPO_BLOCK_META_KEY] = self.block
         return dispatch_balanced(request, self.group.world_size, self.group.compute_mrtpo_relevance)
+
+    def dead_workers(self) -> list[str]:
+        return dead_workers(self.group)
 
 
 class InProcessBackend:

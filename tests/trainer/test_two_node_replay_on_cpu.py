@@ -72,3 +72,19 @@ def test_one_worker_per_node_gives_the_in_process_relevance(two_node_cluster) ->
         torch.testing.assert_close(relevance, in_process_relevance(data), atol=1e-5, rtol=0)
     finally:
         model.load_state_dict(original)
+
+
+def test_a_killed_worker_fails_the_step_with_its_name(two_node_cluster) -> None:
+    """A real worker death (``ray.kill`` of the rank-1 actor), not a stand-in: the error names group, step, actor."""
+    from mrtpo_verl.trainer.replay_stage import ReplayWorkerFailed
+
+    data = real_sql_batch()
+    group = create_replay_worker_group(CFG, model_path=None, process_on_nodes=[1, 1], device="cpu")
+    ray.kill(group.workers[1])
+    with pytest.raises(ReplayWorkerFailed, match=r"'mrtpo_replay' failed at global step 5: ActorDiedError") as raised:
+        ReplayStage(CFG, None, DedicatedBackend(group)).run(data, global_step=5)
+    # Which worker: verl's actor name of rank 1 (the one killed), and not rank 0's.
+    assert f"no longer answering: {group.worker_names[1]} (rank 1))" in str(raised.value), str(raised.value)
+    assert group.worker_names[0] not in str(raised.value)
+    for handle in group.workers:
+        ray.kill(handle)
