@@ -18,7 +18,10 @@ so two rules hold:
    taken by a forward hook.
 2. Every rank runs the same number of forward passes: :meth:`agree_on_micro_batches` takes the
    maximum over the process group, and a rank with less work runs one-token idle passes. Otherwise
-   the rank with more work would wait forever in an all-gather.
+   the rank with more work would wait forever in an all-gather. A rank that fails before that
+   meeting (e.g. on a bad verifier text) still joins it with a failure flag
+   (:meth:`release_peers_after_failure`), so every rank raises instead of waiting. The meeting is
+   therefore the first collective of a request; the scorer gathers the LM head only after it.
 
 The LM head's weight is used directly (``F.linear``, no FSDP hooks): :meth:`ShardedModelRunner.scoring`
 all-gathers the FSDP2 module that owns it once at the start (on every rank) and keeps it unsharded
@@ -62,6 +65,12 @@ class ModelRunner:
 
     def idle_forward(self) -> None:
         """A pass whose result is thrown away, to keep collectives in step (local: nothing to do)."""
+
+    def begin_call(self) -> None:
+        """A replay request starts on this rank (local: nothing to track)."""
+
+    def release_peers_after_failure(self) -> None:
+        """This rank failed; let the other ranks stop too (local: there are none)."""
 
     @contextmanager
     def scoring(self) -> Iterator[None]:
@@ -116,6 +125,7 @@ class ShardedModelRunner(ModelRunner):
         self.lm_head = model.get_output_embeddings()
         self.group = group
         self.reshard_after_forward = reshard_after_forward
+        self._agreed = True  # no request in flight
 
     @property
     def device(self) -> torch.device:
@@ -157,15 +167,39 @@ class ShardedModelRunner(ModelRunner):
             )
         return F.linear(hidden, weight, self.lm_head.bias)
 
+    def begin_call(self) -> None:
+        """Start of one replay request on this rank: it has not yet met the other ranks."""
+        self._agreed = False
+
     def agree_on_micro_batches(self, local_count: int) -> int:
+        """The busiest rank's micro-batch count; raises on every rank if one rank failed before this point."""
+        maximum, failed = self._all_reduce_max(local_count, failed=0)
+        if failed:
+            raise RuntimeError(
+                "mrtpo colocated replay: another rank failed before its forward passes (its error is the one to read); "
+                "this rank stops too instead of waiting for it"
+            )
+        return maximum
+
+    def release_peers_after_failure(self) -> None:
+        """Call when this rank fails: if it has not met the others yet, tell them (they raise instead of hanging).
+
+        A failure after the meeting (inside the forward passes) cannot be signalled this way; the others then
+        wait in FSDP's all-gather until the process group's timeout, as in any of verl's own collective passes.
+        """
+        if not self._agreed:
+            self._all_reduce_max(0, failed=1)
+
+    def _all_reduce_max(self, count: int, failed: int) -> tuple[int, int]:
         import torch.distributed as dist
 
+        self._agreed = True
         if not dist.is_initialized():
-            return local_count
+            return count, failed
         # A CPU tensor: verl's process groups carry a gloo backend for CPU tensors next to NCCL.
-        count = torch.tensor([local_count], dtype=torch.long)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.group)
-        return int(count.item())
+        values = torch.tensor([count, failed], dtype=torch.long)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.group)
+        return int(values[0]), int(values[1])
 
     def idle_forward(self) -> None:
         ones = torch.ones(1, 1, dtype=torch.long, device=self.device)

@@ -187,27 +187,26 @@ class ReplayScorer:
         length = longest if response_length is None else response_length
         relevance = torch.zeros(len(items), num_rewards, length, dtype=torch.float32, device=self.device)
         passes, stats = _plan_passes(items, needed.detach().cpu().bool())
-
-        with self.runner.scoring():
-            self._run(passes, relevance, stats)
+        micro_batches = _micro_batches(passes, self.micro_batch_size, self.max_tokens_per_micro_batch)
+        # First collective of a sharded runner, before any other (scoring() gathers the LM head): a rank that
+        # failed earlier meets the others here and they all stop (see ShardedModelRunner).
+        every_rank_runs = self.runner.agree_on_micro_batches(len(micro_batches))
+        if every_rank_runs:
+            with self.runner.scoring():
+                for _ in range(every_rank_runs - len(micro_batches)):
+                    self.runner.idle_forward()
+                self._run(micro_batches, relevance, stats)
         if relevance.device.type == "cuda":
             torch.cuda.synchronize(relevance.device)
         stats.wall_time_s = time.perf_counter() - start
         return ReplayResult(relevance=relevance, stats=stats)
 
-    def _run(self, passes: list[_Pass], relevance: torch.Tensor, stats: ReplayStats) -> None:
-        """Run the passes in micro-batches and reduce each response to q as soon as its passes are done.
-
-        A sharded runner's passes are collectives: every rank runs as many micro-batches as the busiest
-        one, the extra ones idle.
-        """
+    def _run(self, micro_batches: list[list[_Pass]], relevance: torch.Tensor, stats: ReplayStats) -> None:
+        """Run the micro-batches and reduce each response to q as soon as its passes are done."""
         remaining: dict[int, int] = {}
-        for sequence in passes:
+        for sequence in (sequence for micro_batch in micro_batches for sequence in micro_batch):
             remaining[sequence.item] = remaining.get(sequence.item, 0) + 1
         pending: dict[int, dict[int | None, torch.Tensor]] = {}
-        micro_batches = _micro_batches(passes, self.micro_batch_size, self.max_tokens_per_micro_batch)
-        for _ in range(self.runner.agree_on_micro_batches(len(micro_batches)) - len(micro_batches)):
-            self.runner.idle_forward()
         for micro_batch in micro_batches:
             hidden_per_pass = self._response_hidden_states(micro_batch, stats)
             for sequence, hidden in zip(micro_batch, hidden_per_pass, strict=True):

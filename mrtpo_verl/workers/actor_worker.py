@@ -53,8 +53,13 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
             raise RuntimeError(f"mrtpo colocated replay needs the actor's model; this worker's role is {self.role!r}")
         builder, scorer, info_keys = self._colocated_replay(request.meta_info[MRTPO_BLOCK_META_KEY])
         start = time.perf_counter()
-        with self.actor.engine.eval_mode():
-            answer = relevance_for_request(request, builder, scorer, info_keys)
+        scorer.runner.begin_call()
+        try:
+            with self.actor.engine.eval_mode():
+                answer = relevance_for_request(request, builder, scorer, info_keys)
+        except Exception:
+            scorer.runner.release_peers_after_failure()  # the other ranks raise too instead of waiting for this one
+            raise
         # verl's collect turns each rank's "metrics" dict into lists: the driver sees every rank's time.
         answer.meta_info["metrics"] = {RANK_TIME_KEY: time.perf_counter() - start}
         return answer if self.actor.engine.is_mp_src_rank_with_outputs() else None

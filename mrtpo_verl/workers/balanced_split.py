@@ -7,9 +7,8 @@ the busiest one (their forward passes are collectives). So before dispatch the r
 
 1. padded to a multiple of the rank count with *idle* rows (no needed pair, no response tokens:
    no pass, no context, not counted as skipped), and
-2. reordered so that each contiguous chunk holds about the same estimated cost
-   (greedy longest-processing-time: the costliest row goes to the chunk with the least work that
-   still has room);
+2. reordered so that each contiguous chunk holds about the same estimated cost (verl's own
+   Karmarkar-Karp balancer, equal-size parts);
 
 the answer is put back in the request's order and the padding dropped.
 """
@@ -20,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from verl.protocol import DataProto, pad_dataproto_to_divisor
+from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
 
 __all__ = ["balanced_row_order", "dispatch_balanced", "row_costs"]
 
@@ -27,7 +27,7 @@ NEEDED_KEY = "mrtpo_needed"
 
 
 def row_costs(request: DataProto) -> torch.Tensor:
-    """(bs,) estimated replay cost: tokens per pass × passes, 0 for a row with nothing needed.
+    """(bs,) integer estimated replay cost: tokens per pass × passes, 0 for a row with nothing needed.
 
     A needed row runs its full context and one pass per needed reward, each over about
     prompt + response tokens (the verifier blocks are not known to the driver and are left out).
@@ -36,30 +36,26 @@ def row_costs(request: DataProto) -> torch.Tensor:
     prompt_width = request.batch["prompts"].shape[1]
     tokens = request.batch["attention_mask"][:, :prompt_width].sum(dim=1) + request.batch["response_mask"].sum(dim=1)
     passes = torch.where(needed.any(dim=1), 1 + needed.sum(dim=1), torch.zeros_like(tokens))
-    return (passes * tokens).float()
+    return passes * tokens
 
 
-def balanced_row_order(costs: Sequence[float], chunks: int) -> list[int]:
+def balanced_row_order(costs: Sequence[int], chunks: int) -> list[int]:
     """A permutation of the rows whose ``chunks`` equal contiguous pieces have about equal total cost.
 
+    verl's own balancer (``get_seqlen_balanced_partitions``, Karmarkar-Karp with equal-size parts,
+    what verl uses to balance sequence lengths over data-parallel ranks) does the partitioning.
+
     Args:
-        costs: per-row cost; ``len(costs)`` must be a multiple of ``chunks``.
+        costs: per-row integer cost; ``len(costs)`` must be a multiple of ``chunks``.
         chunks: number of equal pieces the dispatch will cut.
 
     Returns:
         Row indices, chunk 0's rows first.
     """
-    if chunks < 1 or len(costs) % chunks:
-        raise ValueError(f"{len(costs)} rows cannot be cut into {chunks} equal chunks")
-    capacity = len(costs) // chunks
-    members: list[list[int]] = [[] for _ in range(chunks)]
-    load = [0.0] * chunks
-    for row in sorted(range(len(costs)), key=lambda index: (-costs[index], index)):
-        open_chunks = [chunk for chunk in range(chunks) if len(members[chunk]) < capacity]
-        target = min(open_chunks, key=lambda chunk: (load[chunk], chunk))
-        members[target].append(row)
-        load[target] += costs[row]
-    return [row for chunk in members for row in chunk]
+    if chunks < 1 or not costs or len(costs) % chunks:
+        raise ValueError(f"{len(costs)} rows cannot be cut into {chunks} equal non-empty chunks")
+    partitions = get_seqlen_balanced_partitions(list(costs), k_partitions=chunks, equal_size=True)
+    return [row for partition in partitions for row in partition]
 
 
 def dispatch_balanced(request: DataProto, ranks: int, call: Callable[[DataProto], DataProto]) -> DataProto:

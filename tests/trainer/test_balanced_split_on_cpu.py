@@ -34,7 +34,7 @@ def request_of(needed: list[list[bool]], prompt_lengths: list[int], response_len
 def test_costs_count_passes_times_tokens() -> None:
     request = request_of([[True, True], [True, False], [False, False]], [3, 5, 4], [2, 1, 6])
     # (1 + 2 needed) x (3 + 2) tokens; (1 + 1) x (5 + 1); nothing needed: 0.
-    assert row_costs(request).tolist() == [15.0, 12.0, 0.0]
+    assert row_costs(request).tolist() == [15, 12, 0]
 
 
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=40), st.integers(1, 8))
@@ -44,7 +44,7 @@ def test_order_is_a_permutation_into_equal_chunks_with_balanced_loads(costs: lis
     assert sorted(order) == list(range(len(costs)))
     size = len(costs) // chunks
     loads = [sum(costs[row] for row in order[i * size : (i + 1) * size]) for i in range(chunks)]
-    # Greedy longest-processing-time: no chunk exceeds the mean by more than the costliest row.
+    # No chunk exceeds the mean by more than the costliest row.
     assert max(loads) <= sum(costs) / chunks + max(costs)
 
 

@@ -140,3 +140,18 @@ def test_a_rank_without_work_keeps_the_busy_rank_in_step(actor_group, in_process
     assert float(answer.batch["mrtpo_forward_passes"].sum()) == 1 + len(REWARD_KEYS)
     # The three other rows were skipped whole; the padding rows are not counted.
     assert float(answer.batch["mrtpo_skipped_passes"].sum()) == (len(data) - 1) * (1 + len(REWARD_KEYS))
+
+
+def test_a_rank_that_fails_before_its_passes_does_not_leave_the_other_waiting(actor_group) -> None:
+    data = real_sql_batch()
+    request = build_request(data, CFG, torch.ones(len(data), len(REWARD_KEYS), dtype=torch.bool))
+    request.non_tensor_batch[INFO_KEYS[0]] = request.non_tensor_batch[INFO_KEYS[0]].copy()
+    request.non_tensor_batch[INFO_KEYS[0]][3] = 123  # one row's verifier text is not a string: one rank fails
+    with pytest.raises(Exception, match=r"must be a string or None, got int|another rank failed") as raised:
+        ColocatedBackend(actor_group, CFG).compute_relevance(request)
+    assert "Timeout" not in type(raised.value).__name__
+    # The group is still usable: both ranks left the failed call in step.
+    answer = ColocatedBackend(actor_group, CFG).compute_relevance(
+        build_request(data, CFG, torch.ones(len(data), len(REWARD_KEYS), dtype=torch.bool))
+    )
+    assert float(answer.batch["mrtpo_forward_passes"].sum()) == len(data) * (1 + len(REWARD_KEYS))
