@@ -30,6 +30,7 @@ from mrtpo_verl.estimator import RELEVANCE_KEY
 from mrtpo_verl.trainer.replay_stage import ReplayStage, build_request
 from mrtpo_verl.workers.placement import ColocatedBackend, InProcessBackend
 from mrtpo_verl.workers.replay_worker import RANK_TIME_KEY
+from tests.support.ray_groups import release
 from tests.support.real_batch import INFO_KEYS, REWARD_KEYS, real_sql_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # a collective out of step would hang: fail instead
@@ -102,10 +103,7 @@ def actor_group(cpu_ray_cluster, model_dir: Path):
     group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=worker, device_name="cpu")
     group.init_model()
     yield group
-    for handle in group.workers:
-        ray.kill(handle)
-    for placement_group in pool.pgs or []:  # free the logical GPUs for the next model's group
-        ray.util.remove_placement_group(placement_group)
+    release(group)  # frees the logical GPUs for the next model's group
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from mrtpo_verl.config import MRTPOConfig, ReplayConfig
 from mrtpo_verl.estimator import RELEVANCE_KEY
 from mrtpo_verl.trainer.replay_stage import ReplayStage, build_request
 from mrtpo_verl.workers.placement import DedicatedBackend, InProcessBackend, create_replay_worker_group
+from tests.support.ray_groups import release
 from tests.support.real_batch import INFO_KEYS, REWARD_KEYS, real_sql_batch, smollm2
 
 pytestmark = pytest.mark.slow
@@ -47,9 +48,16 @@ def request_of(data):
     return build_request(data, CFG, ReplayStage(CFG, None, backend=None).needed_pairs(data))
 
 
-def test_one_worker_per_node_gives_the_in_process_relevance(two_node_cluster) -> None:
-    data = real_sql_batch()
+@pytest.fixture
+def group(two_node_cluster):
+    """Two replay workers, one per node; released afterwards (the cluster has one CPU per node)."""
     group = create_replay_worker_group(CFG, model_path=None, process_on_nodes=[1, 1], device="cpu")
+    yield group
+    release(group)
+
+
+def test_one_worker_per_node_gives_the_in_process_relevance(group) -> None:
+    data = real_sql_batch()
     assert group.world_size == 2
     actors = [a for a in list_actors(filters=[("state", "=", "ALIVE")]) if a.class_name == "ReplayWorker"]
     assert len({a.node_id for a in actors}) == 2, "one replay worker on each node"
@@ -74,17 +82,14 @@ def test_one_worker_per_node_gives_the_in_process_relevance(two_node_cluster) ->
         model.load_state_dict(original)
 
 
-def test_a_killed_worker_fails_the_step_with_its_name(two_node_cluster) -> None:
+def test_a_killed_worker_fails_the_step_with_its_name(group) -> None:
     """A real worker death (``ray.kill`` of the rank-1 actor), not a stand-in: the error names group, step, actor."""
     from mrtpo_verl.trainer.replay_stage import ReplayWorkerFailed
 
     data = real_sql_batch()
-    group = create_replay_worker_group(CFG, model_path=None, process_on_nodes=[1, 1], device="cpu")
     ray.kill(group.workers[1])
     with pytest.raises(ReplayWorkerFailed, match=r"'mrtpo_replay' failed at global step 5: ActorDiedError") as raised:
         ReplayStage(CFG, None, DedicatedBackend(group)).run(data, global_step=5)
     # Which worker: verl's actor name of rank 1 (the one killed), and not rank 0's.
     assert f"no longer answering: {group.worker_names[1]} (rank 1))" in str(raised.value), str(raised.value)
     assert group.worker_names[0] not in str(raised.value)
-    for handle in group.workers:
-        ray.kill(handle)
