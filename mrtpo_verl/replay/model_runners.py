@@ -116,7 +116,7 @@ class ShardedModelRunner(ModelRunner):
     Args:
         model: the wrapped root module (verl's ``engine.module``), a transformers ``*ForCausalLM``.
         group: the process group whose ranks all run the replay (None: the default group).
-        reshard_after_forward: the engine's own setting, restored on a separately sharded LM head after scoring.
+        reshard_after_forward: the engine's own setting, restored on the LM head's FSDP owner after scoring.
     """
 
     def __init__(self, model: Any, group: Any = None, reshard_after_forward: bool = True) -> None:
@@ -161,7 +161,7 @@ class ShardedModelRunner(ModelRunner):
         weight = self.lm_head.weight
         if hasattr(weight, "to_local") or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
             raise RuntimeError(
-                "colocated replay: the LM head's weight is still sharded after a forward pass "
+                "colocated replay: the LM head's weight is still sharded while scoring "
                 f"({type(weight).__name__} {tuple(weight.shape)}); this FSDP setup is not supported by the colocated "
                 "placement — use mrtpo.replay.placement=dedicated"
             )
