@@ -24,6 +24,7 @@ import contextlib
 import functools
 import importlib
 import logging
+import random
 import sys
 import threading
 import types
@@ -276,13 +277,34 @@ def _build_checker(instruction_id: str, kwargs: Mapping[str, Any], prompt: str) 
     Raises:
         UnsupportedConstraintError: The checker replaced or invented an argument.
     """
-    checker = checker_registry()[instruction_id](instruction_id)  # type: ignore[call-arg]
-    description = checker.build_description(**kwargs)
-    used_args = checker.get_instruction_args() or {}
-    _reject_randomised_arguments(instruction_id, kwargs, used_args)
+    built = [_build_once(instruction_id, kwargs, seed) for seed in _PROBE_SEEDS]
+    checker, description, used_args = built[0]
+    for _, _, used in built:
+        _reject_randomised_arguments(instruction_id, kwargs, used)
     if "prompt" in used_args:
         description = checker.build_description(prompt=prompt)
     return checker, description
+
+
+#: Seeds of the random module while a checker is built, twice. A checker that draws an argument at random
+#: can draw the ground truth's own value by chance (IFBench's repeat_span draws n_start in [0, words - 2] when
+#: given 0), which one comparison would miss; two fixed seeds make the check deterministic and a coincidence
+#: under both seeds unlikely.
+_PROBE_SEEDS = (0, 1)
+
+
+def _build_once(
+    instruction_id: str, kwargs: Mapping[str, Any], seed: int
+) -> tuple[InstructionChecker, str, Mapping[str, Any]]:
+    """A checker built with ``random`` seeded to ``seed`` (the caller's random state is restored after)."""
+    state = random.getstate()
+    try:
+        random.seed(seed)
+        checker = checker_registry()[instruction_id](instruction_id)  # type: ignore[call-arg]
+        description = checker.build_description(**kwargs)
+        return checker, description, checker.get_instruction_args() or {}
+    finally:
+        random.setstate(state)
 
 
 def _reject_randomised_arguments(
