@@ -26,16 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from benchmarks.machine import Row
+from benchmarks.machine import Row, time_interleaved
 from benchmarks.machine import machine_description as shared_machine_description
 from mrtpo_verl.math import relevance
 from mrtpo_verl.math.relevance import js_distance, js_distance_one_to_many
@@ -76,19 +73,6 @@ def exp_floor(logits_p: torch.Tensor, logits_q: torch.Tensor) -> None:
             if block.dtype != torch.float32:
                 block = upcast[: block.shape[0]].copy_(block)
             torch.softmax(block, dim=-1, out=buffer[: block.shape[0]])
-
-
-def time_interleaved(functions: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds of each function, calling them in turn in every repeat (shared load hits all alike)."""
-    times: dict[str, list[float]] = {name: [] for name in functions}
-    for function in functions.values():  # warm-up: allocator, thread pool, caches
-        function()
-    for _ in range(repeats):
-        for name, function in functions.items():
-            start = time.perf_counter()
-            function()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def speed_rows(n_tokens: int, vocab: int, dtype_name: str, repeats: int) -> list[Row]:

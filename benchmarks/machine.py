@@ -1,10 +1,13 @@
-"""What every benchmark table shares: the command-and-machine header and the row type."""
+"""What every benchmark table shares: the command-and-machine header, the row type and interleaved timing."""
 
 from __future__ import annotations
 
 import os
 import platform
 import re
+import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,3 +41,18 @@ def machine_description(module: str, argv: list[str], extra: str = "") -> list[s
         f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads; "
         f"Python {platform.python_version()}; {extra}load average at start {load}",
     ]
+
+
+def time_interleaved(
+    functions: dict[str, Callable[[], object]], repeats: int, warm_up: bool = True
+) -> dict[str, float]:
+    """Median seconds of each function, calling them in turn in every repeat (shared load hits all alike)."""
+    times: dict[str, list[float]] = {name: [] for name in functions}
+    for function in functions.values() if warm_up else ():  # warm-up: allocator, thread pool, caches
+        function()
+    for _ in range(repeats):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}

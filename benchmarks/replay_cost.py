@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.machine import Row
+from benchmarks.machine import Row, time_interleaved
 from benchmarks.machine import machine_description as shared_machine_description
 from mrtpo_verl.replay.scorer import ReplayScorer
 
@@ -70,21 +70,6 @@ def machine_description(argv: list[str]) -> list[str]:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.2f} ms"
-
-
-def time_interleaved(
-    functions: dict[str, Callable[[], object]], repeats: int, warm_up: bool = True
-) -> dict[str, float]:
-    """Median seconds of each function, calling them in turn in every repeat (shared load hits all alike)."""
-    times: dict[str, list[float]] = {name: [] for name in functions}
-    for function in functions.values() if warm_up else ():  # warm-up: allocator, thread pool, caches
-        function()
-    for _ in range(repeats):
-        for name, function in functions.items():
-            start = time.perf_counter()
-            function()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
