@@ -7,7 +7,7 @@
 4. compute ``gdpo`` and ``mrtpo`` advantages through verl's own ``compute_advantage``;
 5. write ``summary.md`` / ``summary.json`` (rewards, relevance concentration, replay time),
    ``token_credit.html`` (each response's tokens shaded by each reward's credit, GDPO | MRTPO)
-   and ``views.jsonl`` (what the page shows, for ``python -m mrtpo_verl.demo.render``).
+   and ``views.jsonl`` (what the page shows, for ``python -m mrtpo_verl.credit.render``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from rich.console import Console
 from rich.table import Table
 
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
+from mrtpo_verl.credit.html_page import render_page
+from mrtpo_verl.credit.token_credit import token_credit
+from mrtpo_verl.credit.views import views_from_batch, write_views
 from mrtpo_verl.demo.batch import pack_batch, sample_group
-from mrtpo_verl.demo.html_page import render_page
 from mrtpo_verl.demo.tasks import TASKS, load_prompts
-from mrtpo_verl.demo.token_credit import token_credit
-from mrtpo_verl.demo.views import views_from_batch, write_views
 from mrtpo_verl.replay.model_loading import load_causal_lm
 from mrtpo_verl.trainer.replay_stage import ReplayStage
 from mrtpo_verl.workers.placement import DedicatedBackend, create_replay_worker_group

@@ -9,6 +9,8 @@ import torch
 from verl.protocol import DataProto
 
 from mrtpo_verl.config import MRTPOConfig
+from mrtpo_verl.credit.token_credit import token_credit
+from mrtpo_verl.credit.views import views_from_batch, write_views
 
 __all__ = ["dump_step"]
 
@@ -17,9 +19,6 @@ def dump_step(
     directory: str, data: DataProto, relevance: torch.Tensor, cfg: MRTPOConfig, step: int, tokenizer: Any
 ) -> Path:
     """Write ``<directory>/step_<step>.jsonl`` (run facts, then one response view per line)."""
-    from mrtpo_verl.demo.token_credit import token_credit
-    from mrtpo_verl.demo.views import views_from_batch, write_views
-
     credit = token_credit(data, relevance, cfg, step)
     views = views_from_batch(data, credit, tokenizer, cfg.reward_keys, cfg.verifier_info_keys)
     path = Path(directory) / f"step_{step}.jsonl"

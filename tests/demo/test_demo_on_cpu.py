@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
+from mrtpo_verl.credit import render
+from mrtpo_verl.credit.views import read_views
 from mrtpo_verl.demo import __main__ as demo
-from mrtpo_verl.demo import render
-from mrtpo_verl.demo.views import read_views
 from mrtpo_verl.trainer.credit_dump import dump_step
 from mrtpo_verl.trainer.replay_stage import ReplayStage
 from mrtpo_verl.workers.placement import InProcessBackend
@@ -69,6 +70,11 @@ def test_render_cli_on_a_runs_step_dumps(tmp_path: Path) -> None:
     assert ">SELECT<" in page or "> SELECT<" in page
     with pytest.raises(SystemExit):
         render.main([str(tmp_path / "dumps"), "--steps", "9", "--out", str(out)])
+    # The command's first name still works, as a process (the alias runs the same main).
+    alias_out = tmp_path / "alias.html"
+    command = [sys.executable, "-m", "mrtpo_verl.demo.render", str(tmp_path / "dumps"), "--steps", "5"]
+    subprocess.run([*command, "--out", str(alias_out)], check=True, capture_output=True, timeout=120)
+    assert alias_out.read_text() == page
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it)")

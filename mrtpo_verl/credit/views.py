@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from verl.protocol import DataProto
+from mrtpo_verl.credit.html_page import ResponseView
 
-from mrtpo_verl.demo.html_page import ResponseView
-from mrtpo_verl.demo.token_credit import TokenCredit
+if TYPE_CHECKING:  # types only: reading and rendering dumps needs neither verl nor torch
+    from verl.protocol import DataProto
+
+    from mrtpo_verl.credit.token_credit import TokenCredit
 
 __all__ = ["read_views", "views_from_batch", "write_views"]
 
