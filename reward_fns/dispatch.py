@@ -5,6 +5,11 @@ same keys from every other sample, so every call returns the same key set whatev
 union of the selected families' components. A component that does not belong to the sample's
 family is 0.0 with an empty info string. All responses of one prompt (one group) share a family,
 so such a filler is constant inside every group and can never create a non-zero group advantage.
+
+Every family's scorer is total over responses (``reward_fns.total``): each call also carries the
+numeric ``reward/<family>/internal_errors`` of every selected family (1.0 when the verifier failed
+internally on this response and scored it 0), and an unreadable ground truth raises
+``GroundTruthError`` naming the row.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from types import ModuleType
 from typing import Any
 
 from reward_fns import instruction_following, text_to_sql, tool_calling
+from reward_fns.total import internal_errors_key
 
-__all__ = ["FAMILIES", "compute_score", "family_for", "info_key", "reward_keys"]
+__all__ = ["FAMILIES", "compute_score", "counter_keys", "family_for", "info_key", "reward_keys"]
 
 FILLER_SCORE = 0.0
 FILLER_INFO = ""
@@ -70,6 +76,11 @@ def reward_keys(families: Sequence[str] | str | None = None, max_constraints: in
     return tuple(key for family in _selected(families) for key in family.reward_keys(max_constraints))
 
 
+def counter_keys(families: Sequence[str] | str | None = None) -> tuple[str, ...]:
+    """The numeric ``reward/<family>/internal_errors`` key of every selected family, in a fixed order."""
+    return tuple(internal_errors_key(family.name) for family in _selected(families))
+
+
 def family_for(data_source: str, families: Sequence[str] | str | None = None) -> Family:
     """The family serving ``data_source`` (case-insensitive; exact, or a prefix before '/', '_' or '-')."""
     source = str(data_source).lower()
@@ -103,8 +114,12 @@ def compute_score(
         **kwargs: passed on to the family's scorer (e.g. ``db_root``, ``timeout_s``).
 
     Returns:
-        ``{"score": float, <component>: float, <component>_info: str, ...}`` with the same keys for
-        every sample.
+        ``{"score": float, <component>: float, <component>_info: str, ...,
+        "reward/<family>/internal_errors": float, ...}`` with the same keys for every sample.
+
+    Raises:
+        ValueError: no family serves ``data_source``.
+        reward_fns.total.GroundTruthError: the sample's ground truth cannot be read.
     """
     family = family_for(data_source, families)
     if family.name == "instruction_following" and max_constraints is not None:
@@ -118,4 +133,6 @@ def compute_score(
         else:
             result[key] = FILLER_SCORE
             result[info_key(key)] = FILLER_INFO
+    for key in counter_keys(families):
+        result[key] = float(own.get(key, 0.0))
     return result

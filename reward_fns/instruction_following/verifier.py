@@ -13,6 +13,7 @@ from typing import Any
 
 from reward_fns.instruction_following.checkers import ConstraintResult, check_constraint
 from reward_fns.instruction_following.data import parse_ground_truth
+from reward_fns.total import total_over_responses
 
 MAX_CONSTRAINTS = 3
 """Default number of constraint slots: the most instructions any prompt has in the
@@ -57,6 +58,7 @@ def reward_keys(max_constraints: int = MAX_CONSTRAINTS) -> tuple[str, ...]:
 REWARD_KEYS = reward_keys()
 
 
+@total_over_responses("instruction_following")
 def compute_score(
     data_source: str,
     solution_str: str,

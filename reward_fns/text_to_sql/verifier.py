@@ -10,6 +10,13 @@ Components (each 0.0 or 1.0):
 * ``sql_execution``: its result equals the gold query's result (see `compare`).
 
 ``score`` is the unweighted mean of the three, so it lies in {0, 1/3, 2/3, 1}.
+
+Everything that reads or runs the response's SQL (format check, sqlglot parse,
+execution) and the gold query runs in a sandbox worker process (`worker_pool`,
+`isolation`), under the response's deadline; a worker that overruns it is killed
+and the response scores 0 with the reason in every verifier information string.
+Gold results and schemas are cached in the calling process, so each gold query
+runs once per database file version.
 """
 
 from __future__ import annotations
@@ -23,17 +30,11 @@ from typing import Any
 
 from reward_fns.text_to_sql.compare import SEMANTICS, Semantics, results_match
 from reward_fns.text_to_sql.ground_truth import GoldQuery, choose_db_root, resolve_gold_query
-from reward_fns.text_to_sql.parse import EXPECTED_FORMAT, ExtractedQuery, extract_query
-from reward_fns.text_to_sql.sandbox import (
-    DEFAULT_ROW_CAP,
-    DEFAULT_TIMEOUT_S,
-    QueryError,
-    QueryResult,
-    ReadOnlyDatabase,
-    database_for_thread,
-    file_signature,
-)
-from reward_fns.text_to_sql.sql_analysis import query_orders_rows, referenced_table_names
+from reward_fns.text_to_sql.isolation import Isolation
+from reward_fns.text_to_sql.parse import EXPECTED_FORMAT, ExtractedQuery
+from reward_fns.text_to_sql.sandbox import DEFAULT_ROW_CAP, DEFAULT_TIMEOUT_S, QueryResult, file_signature
+from reward_fns.text_to_sql.worker_pool import DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_WORKERS, WorkerFailure
+from reward_fns.total import total_over_responses
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ REWARD_KEYS: tuple[str, ...] = ("sql_format", "sql_executability", "sql_executio
 # Gold queries run once per (database, query) thanks to the cache, so they get a
 # longer deadline than predictions: some BIRD gold queries take seconds.
 DEFAULT_GOLD_TIMEOUT_S = 30.0
+# Reading a schema is one small query on sqlite_master.
+_SCHEMA_TIMEOUT_S = 10.0
 # Most characters of one info string's main part (schema or gold result).
 DEFAULT_INFO_CHAR_LIMIT = 3_000
 GOLD_CACHE_SIZE = 4_096
@@ -65,40 +68,66 @@ class GoldOutcome:
     orders_rows: bool
 
 
+def _query_result(fields: Mapping[str, Any]) -> QueryResult | None:
+    """A task's result fields as a QueryResult, or None when the query failed."""
+    if fields["error"] is not None:
+        return None
+    return QueryResult(columns=tuple(fields["columns"]), rows=tuple(tuple(row) for row in fields["rows"]))
+
+
 @functools.lru_cache(maxsize=GOLD_CACHE_SIZE)
 def _cached_gold_outcome(
-    db_path: Path, signature: tuple[int, int, int], sql: str, timeout_s: float, row_cap: int
+    db_path: Path, signature: tuple[int, int, int], sql: str, timeout_s: float, row_cap: int, isolation: Isolation
 ) -> GoldOutcome:
     """Runs a gold query; cached by database path, file version and query (lru_cache is thread-safe).
 
     `signature` is only part of the cache key, so a database changed on disk is queried again.
+    A killed worker raises `WorkerFailure`, which lru_cache does not keep: the next call tries again.
     """
     del signature
-    try:
-        result = database_for_thread(db_path).execute(sql, timeout_s=timeout_s, row_cap=row_cap)
-    except QueryError as error:
-        logger.warning("text-to-SQL gold query failed on %s: %s | %s", db_path, error, sql)
-        return GoldOutcome(result=None, error=str(error), orders_rows=False)
-    return GoldOutcome(result=result, error=None, orders_rows=query_orders_rows(sql))
+    fields = isolation.run(
+        "run_gold", {"sql": sql, "db_path": str(db_path), "timeout_s": timeout_s, "row_cap": row_cap}, timeout_s
+    )
+    if fields["error"] is not None:
+        logger.warning("text-to-SQL gold query failed on %s: %s | %s", db_path, fields["error"], sql)
+        return GoldOutcome(result=None, error=fields["error"], orders_rows=False)
+    return GoldOutcome(result=_query_result(fields), error=None, orders_rows=bool(fields["orders_rows"]))
 
 
-def gold_outcome(gold: GoldQuery, *, timeout_s: float, row_cap: int) -> GoldOutcome:
+def gold_outcome(gold: GoldQuery, *, timeout_s: float, row_cap: int, isolation: Isolation = Isolation()) -> GoldOutcome:
     """Returns the (cached) outcome of a gold query.
 
     Args:
         gold: The gold query and its database.
         timeout_s: Deadline for running it.
         row_cap: Most rows its result may have.
+        isolation: Where the query runs.
 
     Returns:
         The gold result or its error.
     """
-    return _cached_gold_outcome(gold.db_path, file_signature(gold.db_path), gold.sql, timeout_s, row_cap)
+    signature = file_signature(gold.db_path)
+    try:
+        return _cached_gold_outcome(gold.db_path, signature, gold.sql, timeout_s, row_cap, isolation)
+    except WorkerFailure as failure:
+        logger.warning("text-to-SQL gold query failed on %s: %s | %s", gold.db_path, failure, gold.sql)
+        return GoldOutcome(result=None, error=str(failure), orders_rows=False)
+
+
+@functools.lru_cache(maxsize=GOLD_CACHE_SIZE)
+def _cached_table_definitions(
+    db_path: Path, signature: tuple[int, int, int], isolation: Isolation
+) -> tuple[tuple[str, str], ...]:
+    """The database's (name, CREATE statement) pairs; cached like the gold results."""
+    del signature
+    definitions = isolation.run("table_definitions", {"db_path": str(db_path)}, _SCHEMA_TIMEOUT_S)
+    return tuple(definitions.items())
 
 
 def clear_gold_cache() -> None:
-    """Empties the gold-result cache (for tests and long-lived workers)."""
+    """Empties the gold-result and schema caches (for tests and long-lived workers)."""
     _cached_gold_outcome.cache_clear()
+    _cached_table_definitions.cache_clear()
 
 
 def _truncate(text: str, limit: int) -> str:
@@ -117,18 +146,20 @@ def _semantics_for(data_source: str, requested: str | None) -> Semantics:
 
 def _format_info(extracted: ExtractedQuery) -> str:
     """Verifier info for sql_format: the expected format and what the check found."""
-    check = "passed" if extracted.format_ok else f"failed: {extracted.problem}"
+    check = "passed" if extracted.format_ok else f"failed: {_truncate(extracted.problem or '', _ERROR_CHAR_LIMIT)}"
     return f"Expected format: {EXPECTED_FORMAT}\nCheck: {check}"
 
 
-def _schema_text(database: ReadOnlyDatabase, predicted_sql: str | None, char_limit: int) -> str:
+def _schema_text(gold: GoldQuery, isolation: Isolation, referenced: frozenset[str] | None, char_limit: int) -> str:
     """CREATE statements of the tables the prediction uses, or of all tables when that is unknown.
 
     The whole schema is shown when the query is missing or unparseable, or names a
     table the database lacks: then the model needs to see which tables do exist.
     """
-    definitions = database.table_definitions()
-    referenced = referenced_table_names(predicted_sql) if predicted_sql else None
+    try:
+        definitions = dict(_cached_table_definitions(gold.db_path, file_signature(gold.db_path), isolation))
+    except WorkerFailure as failure:
+        return f"Database schema unavailable: {_truncate(str(failure), _ERROR_CHAR_LIMIT)}"
     known_names = {name.lower() for name in definitions}
     if referenced and referenced <= known_names:
         header = "Schema of the tables the query uses:"
@@ -140,10 +171,10 @@ def _schema_text(database: ReadOnlyDatabase, predicted_sql: str | None, char_lim
 
 
 def _executability_info(
-    database: ReadOnlyDatabase, extracted: ExtractedQuery, execution_error: str | None, char_limit: int
+    gold: GoldQuery, isolation: Isolation, extracted: ExtractedQuery, execution_error: str | None, char_limit: int
 ) -> str:
     """Verifier info for sql_executability: the relevant schema and the execution outcome."""
-    schema = _schema_text(database, extracted.sql, char_limit)
+    schema = _schema_text(gold, isolation, extracted.tables, char_limit)
     if extracted.sql is None:
         outcome = f"Not executed: the response format check failed ({extracted.problem})."
     elif execution_error is not None:
@@ -180,6 +211,7 @@ def _execution_info(gold: GoldQuery, outcome: GoldOutcome, semantics: Semantics,
     return "\n".join(lines)
 
 
+@total_over_responses("text_to_sql")
 def compute_score(
     data_source: str,
     solution_str: str,

@@ -8,10 +8,12 @@ from reward_fns.tool_calling.match import score_calls
 from reward_fns.tool_calling.parse import parse_response
 from reward_fns.tool_calling.reference import parse_ground_truth
 from reward_fns.tool_calling.render import EXPECTED_FORMAT, render_reference
+from reward_fns.total import total_over_responses
 
 REWARD_KEYS: tuple[str, ...] = ("tool_format", "tool_correctness")
 
 
+@total_over_responses("tool_calling")
 def compute_score(
     data_source: str,
     solution_str: str,

@@ -153,7 +153,12 @@ def test_instruction_following_from_ifeval_and_ifbench(tmp_path: Path, max_const
     assert set(frames["train"]["data_source"]) == {"ifeval"}
     assert set(frames["test"]["data_source"]) == {"ifbench"}
     reward_keys = dispatch.reward_keys(["instruction_following"], max_constraints)
-    expected_keys = {"score", *reward_keys, *map(dispatch.info_key, reward_keys)}
+    expected_keys = {
+        "score",
+        *reward_keys,
+        *map(dispatch.info_key, reward_keys),
+        *dispatch.counter_keys(["instruction_following"]),
+    }
     for row in rows(frames):
         assert row["extra_info"]["n_constraints"] <= max_constraints
         result = dispatch.compute_score(

@@ -54,7 +54,9 @@ def test_every_family_returns_the_same_keys_through_verls_loader() -> None:
         reward_fn(data_source=s, solution_str=r, ground_truth=g, extra_info={})
         for s, r, g in (spider_sample(), bfcl_sample(), ifeval_sample())
     ]
-    expected = {"score"} | {k for key in dispatch.reward_keys() for k in (key, dispatch.info_key(key))}
+    expected = {"score", *dispatch.counter_keys()} | {
+        k for key in dispatch.reward_keys() for k in (key, dispatch.info_key(key))
+    }
     assert all(set(result) == expected for result in results)
     sql, tool, instruction = results
     assert (sql["sql_execution"], sql["tool_format"], sql["if_c0"]) == (1.0, 0.0, 0.0)
@@ -74,6 +76,7 @@ def test_family_restriction_through_reward_kwargs() -> None:
         "sql_format_info",
         "sql_executability_info",
         "sql_execution_info",
+        "reward/text_to_sql/internal_errors",
     }
     with pytest.raises(ValueError, match="no verifier for data_source 'bfcl/simple_python'"):
         verl_reward_fn(families=["text_to_sql"])(*bfcl_sample())

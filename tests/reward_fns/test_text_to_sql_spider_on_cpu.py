@@ -19,7 +19,7 @@ from sqlglot import exp
 from reward_fns.text_to_sql import BUNDLED_DB_ROOT, DATA_SOURCES, REWARD_KEYS, compute_score
 from reward_fns.text_to_sql.verifier import _cached_gold_outcome, clear_gold_cache
 
-EXPECTED_KEYS = {"score", *REWARD_KEYS, *(f"{key}_info" for key in REWARD_KEYS)}
+EXPECTED_KEYS = {"score", "reward/text_to_sql/internal_errors", *REWARD_KEYS, *(f"{key}_info" for key in REWARD_KEYS)}
 
 
 @functools.cache
