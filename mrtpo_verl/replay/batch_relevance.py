@@ -83,10 +83,11 @@ def relevance_for_request(
     # padding a backend adds to split the request evenly) are not responses and count for nothing.
     has_response = request.batch["response_mask"].bool().any(dim=1)
     skipped += int((~rows_needed & has_response).sum()) * (1 + needed.shape[1])
-    counters = torch.zeros(4, len(request), dtype=torch.float64)
+    shared = result.stats.prefix_tokens_shared
+    counters = torch.zeros(5, len(request), dtype=torch.float64)
     if len(request):
         counters[:, 0] = torch.tensor(
-            [forward_passes, skipped, tokens, count_truncated_verifiers(built)], dtype=torch.float64
+            [forward_passes, skipped, tokens, count_truncated_verifiers(built), shared], dtype=torch.float64
         )
     return DataProto.from_dict(
         tensors={
@@ -95,5 +96,6 @@ def relevance_for_request(
             "mrtpo_skipped_passes": counters[1],
             "mrtpo_tokens_replayed": counters[2],
             "mrtpo_truncated_contexts": counters[3],
+            "mrtpo_prefix_tokens_shared": counters[4],
         }
     )

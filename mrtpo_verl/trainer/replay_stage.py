@@ -34,7 +34,13 @@ logger = logging.getLogger(__name__)
 #: (bs, K) bool in the request: which (response, reward) pairs to score.
 NEEDED_KEY = "mrtpo_needed"
 #: Per-row counters a backend returns next to the relevance.
-COUNTER_KEYS = ("mrtpo_forward_passes", "mrtpo_skipped_passes", "mrtpo_tokens_replayed", "mrtpo_truncated_contexts")
+COUNTER_KEYS = (
+    "mrtpo_forward_passes",
+    "mrtpo_skipped_passes",
+    "mrtpo_tokens_replayed",
+    "mrtpo_truncated_contexts",
+    "mrtpo_prefix_tokens_shared",
+)
 
 
 class ReplayWorkerFailed(RuntimeError):
@@ -150,6 +156,8 @@ class ReplayStage:
             "mrtpo/replay/tokens_replayed": counts["mrtpo_tokens_replayed"],
             "mrtpo/replay/tokens_per_s": counts["mrtpo_tokens_replayed"] / elapsed if elapsed > 0 else 0.0,
             "mrtpo/replay/truncated_contexts": counts["mrtpo_truncated_contexts"],
+            # Tokens not run thanks to prefix sharing (mrtpo.replay.share_prefix).
+            "mrtpo/replay/prefix_tokens_shared": counts["mrtpo_prefix_tokens_shared"],
             "mrtpo/replay/failed": 0.0,
         }
 

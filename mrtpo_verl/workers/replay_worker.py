@@ -102,6 +102,7 @@ class ReplayWorker(Worker):
             "mrtpo/replay/forward_passes": passes,
             "mrtpo/replay/skip_fraction": skipped / (passes + skipped) if passes + skipped else 0.0,
             "mrtpo/replay/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+            "mrtpo/replay/prefix_tokens_shared": float(answer.batch["mrtpo_prefix_tokens_shared"].sum()),
         }
         figures.update(
             relevance_metrics(
