@@ -12,18 +12,28 @@ Prose before and after the block is allowed. A fence is a line that starts
 with three or more backticks (leading spaces allowed); the block closes at the
 next line made of backticks only. Everything else (no block, two blocks, an
 untagged or differently tagged block, an empty block, several statements, a
-statement that is not a query such as ``DROP TABLE``) fails the format check.
+statement that is not a query such as ``DROP TABLE`` or ``WITH x AS (...) DELETE``,
+a block sqlglot cannot tokenize or parse) fails the format check. So do responses
+and blocks over the size caps of `limits` (64 KiB), text with lone surrogates and
+SQL nested deeper than `limits.MAX_PAREN_DEPTH`: none of them reaches a parser.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reward_fns.text_to_sql.sql_analysis import SqlTokenizeError, is_query_statement, split_statements
+from reward_fns.text_to_sql.limits import MAX_RESPONSE_BYTES, response_problem, sql_problem
+from reward_fns.text_to_sql.sql_analysis import (
+    SqlTokenizeError,
+    is_query_statement,
+    shape_of_statement,
+    split_statements,
+)
 
 EXPECTED_FORMAT = (
     "Exactly one fenced Markdown code block tagged sql (```sql ... ```) holding exactly one SQL query "
-    "(a single SELECT, WITH ... SELECT or VALUES statement); prose outside the block is allowed."
+    "(a single SELECT, WITH ... SELECT, compound SELECT or VALUES statement); prose outside the block is "
+    f"allowed; at most {MAX_RESPONSE_BYTES // 1024} KiB in all."
 )
 
 _FENCE_MARKER = "```"
@@ -50,10 +60,12 @@ class ExtractedQuery:
     Attributes:
         sql: The one query to execute, or None when the format check failed.
         problem: Why the format check failed, or None when it passed.
+        tables: Lower-cased names of the tables the query reads (None when the check failed).
     """
 
     sql: str | None
     problem: str | None
+    tables: frozenset[str] | None = None
 
     @property
     def format_ok(self) -> bool:
@@ -108,12 +120,13 @@ def _single_query_in(block_content: str) -> ExtractedQuery:
     """
     if not block_content.strip():
         return ExtractedQuery(sql=None, problem="the ```sql block is empty")
+    refusal = sql_problem(block_content)
+    if refusal is not None:
+        return ExtractedQuery(sql=None, problem=refusal)
     try:
         statements = split_statements(block_content)
-    except SqlTokenizeError:
-        # The tokenizer is stricter than SQLite in a few corners; SQLite has the last
-        # word, and it refuses several statements in one call anyway.
-        return ExtractedQuery(sql=block_content.strip(), problem=None)
+    except SqlTokenizeError as error:
+        return ExtractedQuery(sql=None, problem=f"sqlglot cannot tokenize the ```sql block: {error}")
     if not statements:
         return ExtractedQuery(sql=None, problem="the ```sql block holds no SQL statement (only comments or ';')")
     if len(statements) > 1:
@@ -125,8 +138,11 @@ def _single_query_in(block_content: str) -> ExtractedQuery:
         return ExtractedQuery(
             sql=None, problem=f"the statement starts with {statement[0].text.upper()!r}; expected a SELECT query"
         )
+    shape = shape_of_statement(statement, block_content)
+    if shape.problem is not None:
+        return ExtractedQuery(sql=None, problem=shape.problem)
     query_text = block_content[statement[0].start : statement[-1].end + 1]
-    return ExtractedQuery(sql=query_text, problem=None)
+    return ExtractedQuery(sql=query_text, problem=None, tables=shape.tables)
 
 
 def extract_query(response: str) -> ExtractedQuery:
@@ -138,6 +154,9 @@ def extract_query(response: str) -> ExtractedQuery:
     Returns:
         The query to execute when the format is right, otherwise the reason it is not.
     """
+    refusal = response_problem(response)
+    if refusal is not None:
+        return ExtractedQuery(sql=None, problem=refusal)
     try:
         blocks = find_fenced_blocks(response)
     except UnclosedFenceError as error:

@@ -14,8 +14,14 @@ Several independent layers, so that no single mistake lets a write through
 * a wall-clock deadline interrupts the query from inside SQLite
   (``set_progress_handler`` returns non-zero once the deadline has passed), so
   no thread is left running;
-* the result is fetched in batches and refused past a row cap and a byte cap,
+* the result is fetched row by row and refused past a row cap and a byte cap,
   and single values are capped by ``SQLITE_LIMIT_LENGTH``.
+
+These guards run inside the process that executes the query. Some costs they
+cannot see (SQLite can spend seconds, or gigabytes, inside one instruction, e.g.
+``printf('%.*c', 2147483647, 'x')``), so `compute_score` runs them in worker
+processes with an address-space limit and a deadline their parent enforces
+(`worker_pool`).
 
 Connections are reused per thread (SQLite connections must stay on the thread
 that made them), which keeps scoring a batch cheap.
@@ -43,7 +49,6 @@ MAX_OPEN_DATABASES_PER_THREAD = 16
 # SQLite calls the progress handler every this many virtual-machine instructions:
 # often enough to stop within milliseconds of the deadline, rarely enough to cost little.
 _PROGRESS_INTERVAL_INSTRUCTIONS = 1_000
-_FETCH_BATCH_ROWS = 64
 
 # Functions refused even inside a SELECT. Only load_extension and fts3_tokenizer
 # exist in the library; the others are SQLite shell helpers, listed in case the
@@ -75,7 +80,8 @@ class QueryError(Exception):
 
     Attributes:
         kind: A short machine-readable cause: "denied", "timeout", "too_many_rows",
-            "result_too_large" or "sqlite" (any error SQLite itself reports).
+            "result_too_large", "encoding", "memory" or "sqlite" (any error SQLite itself
+            reports); `worker_pool` adds "killed" (the worker overran its deadline or died).
     """
 
     def __init__(self, kind: str, message: str) -> None:
@@ -183,6 +189,10 @@ class ReadOnlyDatabase:
             rows = _fetch_within_caps(cursor, row_cap)
         except (sqlite3.Error, sqlite3.Warning) as error:
             raise self._explain(error, deadline_passed, timeout_s) from error
+        except UnicodeEncodeError as error:  # a lone surrogate: sqlite3 passes SQL on as UTF-8
+            raise QueryError("encoding", f"the SQL is not valid Unicode text: {error.reason}") from error
+        except MemoryError as error:  # the worker's address-space limit (or a tiny machine)
+            raise QueryError("memory", "the query ran out of memory") from error
         finally:
             if cursor is not None:
                 cursor.close()
@@ -218,7 +228,7 @@ class ReadOnlyDatabase:
 
 
 def _fetch_within_caps(cursor: sqlite3.Cursor, row_cap: int) -> tuple[tuple[Any, ...], ...]:
-    """Fetches a cursor's rows in batches, stopping as soon as a cap is passed.
+    """Fetches a cursor's rows, stopping as soon as a cap is passed.
 
     Args:
         cursor: A cursor whose statement has just been executed.
@@ -230,13 +240,15 @@ def _fetch_within_caps(cursor: sqlite3.Cursor, row_cap: int) -> tuple[tuple[Any,
     Raises:
         QueryError: If there are more than `row_cap` rows or more than `MAX_RESULT_BYTES` of values.
     """
+    # Row by row: one row may already hold many values of MAX_VALUE_BYTES each, so a
+    # batch of rows could pass the byte cap many times over before it is checked.
     rows: list[tuple[Any, ...]] = []
     result_bytes = 0
-    while batch := cursor.fetchmany(_FETCH_BATCH_ROWS):
-        rows.extend(batch)
+    for row in cursor:
+        rows.append(row)
         if len(rows) > row_cap:
             raise QueryError("too_many_rows", f"too many rows: the result has more than {row_cap} rows")
-        result_bytes += sum(_value_size(value) for row in batch for value in row)
+        result_bytes += sum(_value_size(value) for value in row)
         if result_bytes > MAX_RESULT_BYTES:
             raise QueryError("result_too_large", f"result too large: more than {MAX_RESULT_BYTES} bytes of values")
     return tuple(rows)

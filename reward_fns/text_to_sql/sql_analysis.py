@@ -7,11 +7,17 @@ order is part of the answer, and to find which tables a predicted query names.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
 import sqlglot
 from sqlglot import Token, TokenType, exp
-from sqlglot.errors import SqlglotError
+from sqlglot.errors import ParseError, SqlglotError
 
 SQL_DIALECT = "sqlite"
+# sqlglot logs a warning for each statement it falls back to parsing as an opaque command
+# (EXPLAIN, ...); a policy can emit thousands, and the verifier info says what matters.
+logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 # A statement is a query when its first token is one of these (SQLite's grammar
 # for a select-stmt); anything else (DROP, PRAGMA, ATTACH, ...) is not a query.
@@ -20,6 +26,81 @@ _QUERY_LEADING_TOKENS = frozenset({TokenType.SELECT, TokenType.WITH, TokenType.V
 
 class SqlTokenizeError(ValueError):
     """Raised when SQL text cannot even be split into tokens (e.g. an unterminated string)."""
+
+
+@dataclass(frozen=True)
+class QueryShape:
+    """What sqlglot's parse of one statement says about it.
+
+    Attributes:
+        problem: Why the statement is not one read-only query (unparseable, too deeply
+            nested for the parser, or another kind of statement), or None when it is one.
+        tables: Lower-cased names of the database tables it reads (its own CTE names left out);
+            None when `problem` is set.
+        orders_rows: Whether its outermost SELECT (or compound SELECT) has an ORDER BY.
+    """
+
+    problem: str | None
+    tables: frozenset[str] | None = None
+    orders_rows: bool = False
+
+
+# What counts as one read-only query: a SELECT (with or without WITH), a compound SELECT
+# (UNION, INTERSECT, EXCEPT), a parenthesised one, or a VALUES list. sqlglot puts a leading
+# WITH on the statement that follows it, so ``WITH x AS (...) DELETE ...`` is a Delete.
+_QUERY_EXPRESSIONS = (exp.Select, exp.SetOperation, exp.Subquery, exp.Values)
+
+
+def _parse_error_text(error: SqlglotError) -> str:
+    """A parse error's first description and position, without sqlglot's terminal colour codes."""
+    details = error.errors[0] if isinstance(error, ParseError) and error.errors else None
+    if not details:
+        return str(error).split("\n")[0]
+    return f"{details.get('description')} (line {details.get('line')}, column {details.get('col')})"
+
+
+def _statement_name(expression: exp.Expr) -> str:
+    """An upper-case name for a parsed statement, e.g. DELETE or COMMAND (EXPLAIN ...)."""
+    if isinstance(expression, exp.Command):
+        return f"{str(expression.this).upper()} (parsed as an opaque command)"
+    return type(expression).__name__.upper()
+
+
+def shape_of_statement(statement_tokens: list[Token], sql: str) -> QueryShape:
+    """Parses one statement's tokens and says whether it is exactly one read-only query.
+
+    Args:
+        statement_tokens: The tokens of one statement, as returned by `split_statements`.
+        sql: The text the tokens came from (for sqlglot's error messages).
+
+    Returns:
+        The shape; `problem` is set when sqlglot cannot parse the statement, when the
+        parser's recursion runs out (deeply nested input), or when it is not a query.
+    """
+    try:
+        parsed = sqlglot.Dialect.get_or_raise(SQL_DIALECT).parser().parse(statement_tokens, sql)
+    except SqlglotError as error:
+        return QueryShape(problem=f"sqlglot cannot parse the query: {_parse_error_text(error)}")
+    except RecursionError:
+        return QueryShape(problem="the query is nested too deeply for the SQL parser")
+    expressions = [expression for expression in parsed if expression is not None]
+    if len(expressions) != 1:
+        return QueryShape(problem=f"sqlglot reads {len(expressions)} statements; expected exactly one query")
+    statement = expressions[0]
+    if not isinstance(statement, _QUERY_EXPRESSIONS):
+        return QueryShape(problem=f"the statement is a {_statement_name(statement)}; expected a SELECT query")
+    try:
+        tables = frozenset(_tables_read(statement))
+    except RecursionError:
+        return QueryShape(problem="the query is nested too deeply for the SQL parser")
+    return QueryShape(problem=None, tables=tables, orders_rows=statement.args.get("order") is not None)
+
+
+def _tables_read(parsed: exp.Expr) -> set[str]:
+    """Lower-cased names of the tables a parsed query reads, its own CTE names left out."""
+    cte_names = {cte.alias_or_name.lower() for cte in parsed.find_all(exp.CTE)}
+    table_names = {table.name.lower() for table in parsed.find_all(exp.Table) if table.name}
+    return table_names - cte_names
 
 
 def _tokenize(sql: str) -> list[Token]:
@@ -81,7 +162,7 @@ def _parse_single(sql: str) -> exp.Expr | None:
     """Parses one statement, or returns None if sqlglot cannot parse it."""
     try:
         expressions = sqlglot.parse(sql, read=SQL_DIALECT)
-    except SqlglotError:
+    except (SqlglotError, RecursionError):
         return None
     parsed = [expression for expression in expressions if expression is not None]
     return parsed[0] if len(parsed) == 1 else None
@@ -135,8 +216,4 @@ def referenced_table_names(sql: str) -> set[str] | None:
         The lower-cased table names, or None when sqlglot cannot parse the query.
     """
     parsed = _parse_single(sql)
-    if parsed is None:
-        return None
-    cte_names = {cte.alias_or_name.lower() for cte in parsed.find_all(exp.CTE)}
-    table_names = {table.name.lower() for table in parsed.find_all(exp.Table) if table.name}
-    return table_names - cte_names
+    return None if parsed is None else _tables_read(parsed)

@@ -51,6 +51,7 @@ GOLD_CACHE_SIZE = 4_096
 _GOLD_ROWS_SHOWN = 20
 _ERROR_CHAR_LIMIT = 500
 _TRUNCATION_MARK = " ...[truncated]"
+_DEFAULT_ISOLATION = Isolation()
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,9 @@ def _cached_gold_outcome(
     return GoldOutcome(result=_query_result(fields), error=None, orders_rows=bool(fields["orders_rows"]))
 
 
-def gold_outcome(gold: GoldQuery, *, timeout_s: float, row_cap: int, isolation: Isolation = Isolation()) -> GoldOutcome:
+def gold_outcome(
+    gold: GoldQuery, *, timeout_s: float, row_cap: int, isolation: Isolation = _DEFAULT_ISOLATION
+) -> GoldOutcome:
     """Returns the (cached) outcome of a gold query.
 
     Args:
@@ -193,6 +196,48 @@ def _render_result(result: QueryResult, char_limit: int) -> str:
     return _truncate("\n".join(shown), char_limit)
 
 
+@dataclass(frozen=True)
+class _CheckedResponse:
+    """The response's format check and execution, as the sandbox reported them.
+
+    Attributes:
+        extracted: The format check's outcome (with the tables the query reads).
+        predicted: The query's result, or None when it was not run or failed.
+        execution_error: Why the query failed, or None.
+        sandbox_failure: Set when the sandbox could not finish (worker killed at the deadline
+            or died); every component is then 0 and this text ends every info string.
+    """
+
+    extracted: ExtractedQuery
+    predicted: QueryResult | None = None
+    execution_error: str | None = None
+    sandbox_failure: str | None = None
+
+
+def _check_response(
+    solution_str: Any, gold: GoldQuery, isolation: Isolation, timeout_s: float, row_cap: int
+) -> _CheckedResponse:
+    """Checks the response's format and runs its query in the sandbox, under one deadline."""
+    if not isinstance(solution_str, str):
+        problem = f"the response is a {type(solution_str).__name__}, not text"
+        return _CheckedResponse(ExtractedQuery(sql=None, problem=problem))
+    request = {"response": solution_str, "db_path": str(gold.db_path), "timeout_s": timeout_s, "row_cap": row_cap}
+    try:
+        fields = isolation.run("check_response", request, timeout_s)
+    except WorkerFailure as failure:
+        reason = f"Sandbox: {_truncate(str(failure), _ERROR_CHAR_LIMIT)}; the response scores 0."
+        return _CheckedResponse(
+            ExtractedQuery(sql=None, problem="the sandbox could not finish checking the response"),
+            sandbox_failure=reason,
+        )
+    tables = frozenset(fields["tables"]) if fields["tables"] is not None else None
+    return _CheckedResponse(
+        ExtractedQuery(sql=fields["sql"], problem=fields["problem"], tables=tables),
+        predicted=_query_result(fields) if fields["sql"] is not None else None,
+        execution_error=fields["error"],
+    )
+
+
 def _execution_info(gold: GoldQuery, outcome: GoldOutcome, semantics: Semantics, char_limit: int) -> str:
     """Verifier info for sql_execution: the gold SQL and its (truncated) result."""
     lines = [f"Gold SQL: {gold.sql}"]
@@ -224,6 +269,9 @@ def compute_score(
     row_cap: int = DEFAULT_ROW_CAP,
     db_root: str | Path | None = None,
     info_char_limit: int = DEFAULT_INFO_CHAR_LIMIT,
+    isolation: str = "process",
+    sandbox_workers: int = DEFAULT_WORKERS,
+    sandbox_memory_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
     **unused_kwargs: Any,
 ) -> dict[str, float | str]:
     """Scores one text-to-SQL response.
@@ -235,11 +283,16 @@ def compute_score(
         ground_truth: {"sql": ..., "db_id": ..., "db_path": optional} or its JSON string; see `ground_truth`.
         extra_info: The sample's extra_info; its "db_root" (if any) locates the databases.
         semantics: "spider" (bag of rows, ORDER BY-aware, column permutation allowed) or "bird" (set of rows).
-        timeout_s: Wall-clock deadline for the predicted query.
+        timeout_s: Wall-clock deadline for checking and running the predicted query (parse and execution
+            together); its worker process is killed `worker_pool.KILL_GRACE_S` after it.
         gold_timeout_s: Wall-clock deadline for the gold query (run once, then cached).
         row_cap: Most rows a result may have; more is an error ("too many rows").
         db_root: Database root used when extra_info has none.
         info_char_limit: Most characters of the schema or gold-result part of an info string.
+        isolation: "process" (sandbox worker processes; the default) or "inprocess" (SQLite's own guards
+            only; for measuring the cost of isolation, never for training); see `isolation`.
+        sandbox_workers: Worker processes of this process's pool.
+        sandbox_memory_bytes: Address-space limit of each worker process.
         **unused_kwargs: Ignored; the reward loop may pass arguments meant for other reward functions.
 
     Returns:
@@ -247,23 +300,16 @@ def compute_score(
         (each 0.0 or 1.0) and one "<component>_info" string per component.
 
     Raises:
-        ValueError: If the ground truth is malformed or `semantics` is unknown.
+        ValueError: If the ground truth is malformed, or `semantics` or `isolation` is unknown.
         FileNotFoundError: If the database file does not exist.
     """
     del unused_kwargs
     chosen_semantics = _semantics_for(data_source, semantics)
+    chosen_isolation = Isolation(isolation, sandbox_workers, sandbox_memory_bytes)
     gold = resolve_gold_query(ground_truth, choose_db_root(extra_info, db_root))
-    database = database_for_thread(gold.db_path)
-    gold_result = gold_outcome(gold, timeout_s=gold_timeout_s, row_cap=row_cap)
-    extracted = extract_query(solution_str)
-
-    predicted: QueryResult | None = None
-    execution_error: str | None = None
-    if extracted.sql is not None:
-        try:
-            predicted = database.execute(extracted.sql, timeout_s=timeout_s, row_cap=row_cap)
-        except QueryError as error:
-            execution_error = str(error)
+    gold_result = gold_outcome(gold, timeout_s=gold_timeout_s, row_cap=row_cap, isolation=chosen_isolation)
+    checked = _check_response(solution_str, gold, chosen_isolation, timeout_s, row_cap)
+    predicted = checked.predicted
 
     matches = (
         predicted is not None
@@ -273,15 +319,19 @@ def compute_score(
         )
     )
     components = {
-        "sql_format": 1.0 if extracted.format_ok else 0.0,
+        "sql_format": 1.0 if checked.extracted.format_ok else 0.0,
         "sql_executability": 1.0 if predicted is not None else 0.0,
         "sql_execution": 1.0 if matches else 0.0,
     }
     infos = {
-        "sql_format_info": _format_info(extracted),
-        "sql_executability_info": _executability_info(database, extracted, execution_error, info_char_limit),
+        "sql_format_info": _format_info(checked.extracted),
+        "sql_executability_info": _executability_info(
+            gold, chosen_isolation, checked.extracted, checked.execution_error, info_char_limit
+        ),
         "sql_execution_info": _execution_info(gold, gold_result, chosen_semantics, info_char_limit),
     }
+    if checked.sandbox_failure is not None:
+        infos = {key: f"{info}\n{checked.sandbox_failure}" for key, info in infos.items()}
     scores: dict[str, float | str] = {"score": sum(components.values()) / len(components)}
     for key in REWARD_KEYS:
         scores[key] = components[key]

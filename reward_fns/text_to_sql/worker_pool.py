@@ -1,0 +1,363 @@
+"""A small pool of reusable SQL sandbox processes with a memory limit and a parent-enforced deadline.
+
+Why processes: SQLite's own guards (`sandbox`) run between virtual-machine
+instructions, and one instruction can take seconds or gigabytes (``printf`` with a
+huge width, rows of ``zeroblob``), and sqlglot's parser can recurse or take long.
+A worker process bounds all of that from outside:
+
+* memory: each worker caps its address space (``RLIMIT_AS``, `DEFAULT_MEMORY_LIMIT_BYTES`);
+  an allocation past it fails inside the worker (SQLite reports "out of memory");
+* time: the parent waits for a reply at most the task's deadline plus
+  `KILL_GRACE_S`; a worker that has not answered by then is killed (SIGKILL),
+  reaped and replaced, and the call raises `WorkerFailure` with the reason. A worker
+  that dies on its own (a signal, a crash) is handled the same way;
+* trust: replies are read with `worker_protocol.PlainDataUnpickler` (no classes).
+
+Design choices:
+
+* Workers are started with `subprocess.Popen` running ``python -m
+  reward_fns.text_to_sql.sql_worker``: a fresh interpreter, as with
+  multiprocessing's "spawn", but without re-importing the parent's ``__main__``
+  (a training script) and without fork, which is unsafe in a process with
+  threads (a Ray actor, a reward thread pool). Each worker gets its own session,
+  so a terminal's Ctrl-C reaches only the parent, which then closes them.
+* The pool uses no threads: the calling thread waits on the worker's pipe with
+  ``poll`` until the deadline. Calls from several threads each take an idle worker.
+* Lifecycle: `shared_pool` makes one pool per process lazily, on the first
+  call; `close_shared_pool` (also registered with ``atexit``) closes it. A child
+  forked from the process forgets the parent's pool (and closes its copies of the
+  pipes) and builds its own on first use. A worker whose parent dies sees its input
+  close and exits once its current query ends (the in-worker deadline bounds that).
+* Replacements start at once, in the background: a fresh worker needs about
+  0.1-0.3 s to import sqlglot, and `acquire` prefers a worker that is ready, so a
+  kill does not delay the next call when the pool has a spare.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from reward_fns.text_to_sql.worker_protocol import HEADER, MAX_FRAME_BYTES, decode_body, encode_frame
+
+DEFAULT_WORKERS = 2
+# Python with sqlite3 and sqlglot maps about 300 MB of address space before any query runs.
+DEFAULT_MEMORY_LIMIT_BYTES = 1024**3
+# How long past its deadline the parent waits before killing a worker: the in-worker
+# progress handler normally answers first, with a clearer message.
+KILL_GRACE_S = 0.2
+# A worker that is not ready this long after its start is considered broken.
+STARTUP_TIMEOUT_S = 60.0
+_CLOSE_WAIT_S = 2.0
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class WorkerFailure(Exception):
+    """A task got no answer: its worker overran the deadline and was killed, or died, or could not start."""
+
+
+def _signal_name(returncode: int | None) -> str:
+    if returncode is None or returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+class _Worker:
+    """One worker process and its two pipes."""
+
+    def __init__(self, memory_limit_bytes: int) -> None:
+        environment = dict(os.environ)
+        environment["PYTHONPATH"] = os.pathsep.join(
+            part for part in (_PACKAGE_ROOT, environment.get("PYTHONPATH")) if part
+        )
+        self.process = subprocess.Popen(
+            # -P: the caller's working directory must not shadow this package (a checkout elsewhere).
+            [sys.executable, "-P", "-m", "reward_fns.text_to_sql.sql_worker", str(memory_limit_bytes)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=environment,
+            start_new_session=True,
+            bufsize=0,
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.requests: IO[bytes] = self.process.stdin
+        self.replies: IO[bytes] = self.process.stdout
+        self.ready = False
+        self.started_at = time.monotonic()
+
+    def poll_ready(self, timeout_s: float) -> bool:
+        """Waits up to `timeout_s` for the worker's "ready" frame; True once it came.
+
+        Raises:
+            WorkerFailure: If the worker died or sent something else.
+        """
+        if self.ready:
+            return True
+        if not _readable(self.replies, timeout_s):
+            return False
+        message = self._read_frame(time.monotonic() + STARTUP_TIMEOUT_S)
+        if not (isinstance(message, tuple) and message[:1] == ("ready",)):
+            raise WorkerFailure(f"the SQL worker sent {message!r:.200} instead of its ready signal")
+        self.ready = True
+        return True
+
+    def call(self, request: bytes, deadline: float) -> Any:
+        """Sends one framed request and returns the reply's message.
+
+        Raises:
+            WorkerFailure: If the deadline passes or the worker dies first (the worker is then unusable).
+        """
+        try:
+            self.requests.write(request)
+            self.requests.flush()
+        except (BrokenPipeError, OSError) as error:
+            raise WorkerFailure(f"the SQL worker could not take the query ({error})") from error
+        return self._read_frame(deadline)
+
+    def _read_frame(self, deadline: float) -> Any:
+        header = self._read_exactly(HEADER.size, deadline)
+        (size,) = HEADER.unpack(header)
+        if size > MAX_FRAME_BYTES:
+            raise WorkerFailure(f"the SQL worker sent a reply of {size} bytes (at most {MAX_FRAME_BYTES})")
+        return decode_body(self._read_exactly(size, deadline))
+
+    def _read_exactly(self, size: int, deadline: float) -> bytes:
+        chunks: list[bytes] = []
+        while size:
+            if not _readable(self.replies, deadline - time.monotonic()):
+                raise WorkerFailure("deadline")
+            chunk = os.read(self.replies.fileno(), min(size, 1 << 20))
+            if not chunk:
+                raise WorkerFailure("died")
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
+
+    def kill(self) -> str:
+        """Kills and reaps the worker (if still running) and closes its pipes; returns how it ended."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.forget()
+        return _signal_name(self.process.returncode)
+
+    def stop(self, wait_s: float) -> None:
+        """Asks the worker to exit by closing its input; kills it if it has not exited in time."""
+        self.requests.close()
+        try:
+            self.process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.forget()
+
+    def forget(self) -> None:
+        """Closes this process's ends of the pipes (after a fork: the child's copies only)."""
+        for stream in (self.requests, self.replies):
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
+def _readable(stream: IO[bytes], timeout_s: float) -> bool:
+    """Whether the stream has data (or end of file) within `timeout_s` seconds."""
+    poller = select.poll()
+    poller.register(stream.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(max(timeout_s, 0.0) * 1000.0))
+
+
+class SqlWorkerPool:
+    """Up to `size` sandbox worker processes, started on first use and reused.
+
+    Args:
+        size: Most worker processes (also the number of calls that can run at once).
+        memory_limit_bytes: Address-space limit of each worker (``RLIMIT_AS``).
+
+    Raises:
+        ValueError: If `size` < 1 or the memory limit is below 256 MiB (a worker could not even import).
+    """
+
+    def __init__(self, size: int = DEFAULT_WORKERS, memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES) -> None:
+        if size < 1:
+            raise ValueError(f"an SQL worker pool needs at least 1 worker; got size={size}")
+        if memory_limit_bytes < 256 * 1024**2:
+            raise ValueError(f"SQL worker memory limit {memory_limit_bytes} bytes is below the 256 MiB minimum")
+        self.size = size
+        self.memory_limit_bytes = memory_limit_bytes
+        self.owner_pid = os.getpid()
+        self.kills = 0
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._condition = threading.Condition()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current workers (idle and busy)."""
+        with self._condition:
+            return [worker.process.pid for worker in (*self._idle, *self._busy)]
+
+    def call(self, task_name: str, kwargs: dict[str, Any], timeout_s: float) -> Any:
+        """Runs one task in a worker and returns its result.
+
+        Args:
+            task_name: A name in `sql_tasks.TASKS`.
+            kwargs: The task's arguments (plain data).
+            timeout_s: The task's deadline; the worker is killed `KILL_GRACE_S` after it.
+
+        Returns:
+            The task's return value.
+
+        Raises:
+            WorkerFailure: If the worker overran the deadline, died, or the task raised
+                (the message says which); the pool stays usable.
+        """
+        request = encode_frame((task_name, kwargs))
+        worker = self._acquire()
+        deadline = time.monotonic() + timeout_s + KILL_GRACE_S
+        try:
+            status, value = worker.call(request, deadline)
+        except WorkerFailure as failure:
+            self._replace(worker)
+            if str(failure) == "deadline":
+                raise WorkerFailure(
+                    f"the SQL worker did not answer within the {timeout_s:g} s deadline and was killed"
+                ) from None
+            how = _signal_name(worker.process.returncode)
+            raise WorkerFailure(f"the SQL worker process died while running the query ({how})") from None
+        except BaseException:
+            self._replace(worker)  # e.g. KeyboardInterrupt mid-call: the pipe is out of step
+            raise
+        self._release(worker)
+        if status != "ok":
+            raise WorkerFailure(str(value))
+        return value
+
+    def _acquire(self) -> _Worker:
+        """Takes an idle worker, preferring one that is ready; starts workers up to `size`."""
+        with self._condition:
+            while True:
+                if self._closed:
+                    raise WorkerFailure("the SQL worker pool is closed")
+                while len(self._idle) + len(self._busy) < self.size:
+                    self._idle.append(_Worker(self.memory_limit_bytes))
+                if self._idle:
+                    worker = self._take_ready_or_oldest()
+                    self._busy.add(worker)
+                    break
+                self._condition.wait()
+        try:
+            if not worker.poll_ready(max(STARTUP_TIMEOUT_S - (time.monotonic() - worker.started_at), 0.0)):
+                raise WorkerFailure(f"the SQL worker did not start within {STARTUP_TIMEOUT_S:g} s")
+        except WorkerFailure as failure:
+            how = self._replace(worker)
+            raise WorkerFailure(f"{failure} ({how})") from None
+        return worker
+
+    def _take_ready_or_oldest(self) -> _Worker:
+        for index, worker in enumerate(self._idle):
+            try:
+                if worker.poll_ready(0.0):
+                    return self._idle.pop(index)
+            except WorkerFailure:
+                continue  # it died while idle; the caller finds out and replaces it
+        return self._idle.pop(0)
+
+    def _release(self, worker: _Worker) -> None:
+        with self._condition:
+            self._busy.discard(worker)
+            if self._closed:
+                worker.stop(0.0)
+            else:
+                self._idle.append(worker)
+            self._condition.notify()
+
+    def _replace(self, worker: _Worker) -> str:
+        """Kills a broken worker and starts its replacement at once; returns how the old one ended."""
+        how = worker.kill()
+        with self._condition:
+            self._busy.discard(worker)
+            self.kills += 1
+            if not self._closed:
+                self._idle.append(_Worker(self.memory_limit_bytes))
+            self._condition.notify()
+        return how
+
+    def close(self, wait_s: float = _CLOSE_WAIT_S) -> None:
+        """Stops every worker (closes its input, kills it after `wait_s`) and reaps it. Idempotent."""
+        with self._condition:
+            self._closed = True
+            workers, self._idle = self._idle, []
+            busy = list(self._busy)
+            self._condition.notify_all()
+        for worker in workers:
+            worker.stop(wait_s)
+        for worker in busy:  # their callers get "died" and do not restart them
+            worker.kill()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: closes the child's copies of the pipes, leaving the parent's workers alone."""
+        self._closed = True
+        for worker in (*self._idle, *self._busy):
+            worker.forget()
+        self._idle, self._busy = [], set()
+
+
+_shared: SqlWorkerPool | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_pool(size: int = DEFAULT_WORKERS, memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES) -> SqlWorkerPool:
+    """This process's pool, made on first use; a call with other settings replaces it.
+
+    Args:
+        size: Number of workers.
+        memory_limit_bytes: Address-space limit of each worker.
+
+    Returns:
+        The pool.
+    """
+    global _shared
+    with _shared_lock:
+        pool = _shared
+        if pool is not None and not pool.closed and pool.owner_pid == os.getpid():
+            if (pool.size, pool.memory_limit_bytes) == (size, memory_limit_bytes):
+                return pool
+            pool.close()
+        _shared = SqlWorkerPool(size, memory_limit_bytes)
+        return _shared
+
+
+def close_shared_pool() -> None:
+    """Closes this process's pool, if any (registered with atexit; safe to call again)."""
+    global _shared
+    with _shared_lock:
+        pool, _shared = _shared, None
+    if pool is not None and pool.owner_pid == os.getpid():
+        pool.close()
+
+
+def _forget_shared_pool_in_child() -> None:
+    global _shared, _shared_lock
+    _shared_lock = threading.Lock()  # another thread may have held it at the fork
+    if _shared is not None:
+        _shared.forget_after_fork()
+    _shared = None
+
+
+atexit.register(close_shared_pool)
+os.register_at_fork(after_in_child=_forget_shared_pool_in_child)
