@@ -53,6 +53,9 @@ class ReplayConfig:
     verifier_header: str = "Verifier information (used only to score this answer):"
     verifier_item_template: str = "[{name}]\n{info}"
     skip_zero_advantage: bool = True
+    share_prefix: bool = True
+    min_shared_tokens: int = 16
+    max_cache_tokens: int = 65536
     on_worker_failure: str = "error"
     dedicated_workers: int = 1
     dedicated_device: str = "auto"
@@ -68,6 +71,8 @@ class ReplayConfig:
             "max_tokens_per_micro_batch",
             "js_chunk_size",
             "max_context_tokens",
+            "min_shared_tokens",
+            "max_cache_tokens",
             "dedicated_workers",
             "dedicated_cpus_per_worker",
         ):
@@ -78,6 +83,9 @@ class ReplayConfig:
             raise _fail(
                 "replay.verifier_item_template", "must contain '{info}'", "a format string with {name} and {info}"
             )
+        for name in ("skip_zero_advantage", "share_prefix"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(f"replay.{name}", f"got {getattr(self, name)!r}", "true | false")
         if self.on_worker_failure not in FAILURE_POLICIES:
             raise _fail("replay.on_worker_failure", f"got {self.on_worker_failure!r}", " | ".join(FAILURE_POLICIES))
         if self.dedicated_device not in DEVICES:

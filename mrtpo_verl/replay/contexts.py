@@ -9,7 +9,11 @@ For one response ``y`` to prompt ``x`` with verifier-information strings ``v_1..
 ``render`` appends a verifier block to the content of the LAST user turn and applies the chat template with
 the generation prompt. The block is ``ReplayConfig.verifier_header`` followed by one
 ``ReplayConfig.verifier_item_template.format(name=key, info=text)`` per included verifier, all separated by
-blank lines; with no verifier included there is no block (and no header). The response token ids are reused
+blank lines; with no verifier included there is no block (and no header). The texts' order in the block
+(:func:`verifier_order`): texts identical for every response of the group first, then the others, each
+part longest first (ties in reward order); a leave-one-out keeps the order of the remaining texts. This
+maximises the context prefixes the replay can compute once (``prefix_tree.py``); a lone response (``build``
+without ``group_constant``) counts every text as its group's. The response token ids are reused
 unchanged; the scorer appends them to every context.
 
 The prompt comes in one of two forms:
@@ -45,6 +49,7 @@ __all__ = [
     "ReplayContextBuilder",
     "ReplayContexts",
     "count_truncated_verifiers",
+    "verifier_order",
 ]
 
 #: Appended to a verifier text that was cut to fit ``max_context_tokens``.
@@ -135,6 +140,7 @@ class ReplayContextBuilder:
         prompt: Sequence[Mapping[str, Any]] | Sequence[int] | Any,
         response_ids: Sequence[int] | Any,
         verifier_info: Sequence[str | None] | Any,
+        group_constant: Sequence[bool] | None = None,
     ) -> ReplayContexts:
         """Full and leave-one-out contexts of one response.
 
@@ -143,6 +149,8 @@ class ReplayContextBuilder:
                 prompt's token ids without padding (list, numpy array or 1-D tensor).
             response_ids: (T,) response token ids without padding.
             verifier_info: K verifier-information strings in reward order; None or blank = no information.
+            group_constant: K flags, True where the text is the same for every response of this response's group
+                (the order rule puts those first, see :func:`verifier_order`); None = a lone response (all True).
 
         Returns:
             The contexts, with ``identical_to_full`` and ``truncated`` per reward.
@@ -157,11 +165,11 @@ class ReplayContextBuilder:
         texts = self._verifier_texts(verifier_info)
         render = self._renderer(prompt)
         response = _as_token_ids(response_ids, "response_ids")
-        included = [k for k, text in enumerate(texts) if text is not None]
+        included = verifier_order(texts, group_constant)
         texts, truncated = self._fit_to_budget(render, texts, included, len(response))
-        full = self._tokenize(render(self._block(texts, skip=None)))
+        full = self._tokenize(render(self._block(texts, None, included)))
         leave_one_out = tuple(
-            self._tokenize(render(self._block(texts, skip=k))) if texts[k] is not None else full
+            self._tokenize(render(self._block(texts, k, included))) if texts[k] is not None else full
             for k in range(len(texts))
         )
         return ReplayContexts(
@@ -178,15 +186,28 @@ class ReplayContextBuilder:
         responses: Sequence[Any],
         verifier_infos: Sequence[Sequence[str | None]],
     ) -> list[ReplayContexts]:
-        """:meth:`build` over a batch; use :func:`count_truncated_verifiers` for the truncation metric."""
+        """:meth:`build` over a batch; use :func:`count_truncated_verifiers` for the truncation metric.
+
+        A group is the rows with the same prompt; a verifier text is group-constant where every row of the
+        group has the same text (after ``strip``; blank counts as absent) — see :func:`verifier_order`.
+        """
         if not len(prompts) == len(responses) == len(verifier_infos):
             raise ValueError(
                 f"batch sizes differ: {len(prompts)} prompts, {len(responses)} responses, "
                 f"{len(verifier_infos)} verifier-info rows"
             )
+        texts = [self._verifier_texts(info) for info in verifier_infos]
+        groups: dict[Any, list[int]] = {}
+        for row, prompt in enumerate(prompts):
+            groups.setdefault(_prompt_key(prompt), []).append(row)
+        constant: list[Sequence[bool]] = [()] * len(prompts)
+        for rows in groups.values():
+            flags = tuple(len({texts[row][k] for row in rows}) == 1 for k in range(len(self.reward_keys)))
+            for row in rows:
+                constant[row] = flags
         return [
-            self.build(prompt, response, info)
-            for prompt, response, info in zip(prompts, responses, verifier_infos, strict=True)
+            self.build(prompt, response, info, constant[row])
+            for row, (prompt, response, info) in enumerate(zip(prompts, responses, verifier_infos, strict=True))
         ]
 
     # --- verifier block -------------------------------------------------------------------------------------
@@ -205,12 +226,12 @@ class ReplayContextBuilder:
             texts.append(info.strip() if info is not None and info.strip() else None)
         return texts
 
-    def _block(self, texts: Sequence[str | None], skip: int | None) -> str:
-        """The verifier block with every present text except ``skip``; "" when none is left."""
+    def _block(self, texts: Sequence[str | None], skip: int | None, order: Sequence[int]) -> str:
+        """The verifier block with the present texts in ``order``, except ``skip``; "" when none is left."""
         items = [
-            self.verifier_item_template.format(name=self.reward_keys[k], info=text)
-            for k, text in enumerate(texts)
-            if text is not None and k != skip
+            self.verifier_item_template.format(name=self.reward_keys[k], info=texts[k])
+            for k in order
+            if texts[k] is not None and k != skip
         ]
         return "\n\n".join([self.verifier_header, *items]) if items else ""
 
@@ -327,8 +348,38 @@ class ReplayContextBuilder:
 
     def _longest_context(self, render: _Renderer, texts: list[str | None], included: list[int]) -> int:
         """Token length of the longest of C and the C_-k (usually C; tokenization is not strictly additive)."""
-        blocks = [self._block(texts, skip=None), *(self._block(texts, skip=k) for k in included)]
+        blocks = [self._block(texts, None, included), *(self._block(texts, k, included) for k in included)]
         return max(len(self._tokenize(render(block))) for block in blocks)
+
+
+def verifier_order(texts: Sequence[str | None], group_constant: Sequence[bool] | None = None) -> list[int]:
+    """The order of the present verifier texts inside the block: part of the context definition.
+
+    Rule: texts identical for every response of the group first, then the others; within each part the longest
+    text (in characters) first, ties in reward order. Why: a leave-one-out ``C_-k`` shares with ``C`` every text
+    placed before ``k``, and a group-constant text placed early is shared by the whole group, so this order
+    maximises the prefix the replay computes once (``prefix_tree.py``). Both replay paths (shared and unshared)
+    use the same contexts, hence the same order.
+
+    Args:
+        texts: K texts, None = absent.
+        group_constant: K flags; None = every text is constant (a lone response).
+
+    Returns:
+        Indices of the present texts, in block order.
+    """
+    constant = [True] * len(texts) if group_constant is None else list(group_constant)
+    if len(constant) != len(texts):
+        raise ValueError(f"{len(constant)} group-constant flags for {len(texts)} verifier texts")
+    present = [k for k, text in enumerate(texts) if text is not None]
+    return sorted(present, key=lambda k: (not constant[k], -len(texts[k] or ""), k))
+
+
+def _prompt_key(prompt: Any) -> Any:
+    """A hashable identity of a prompt (chat messages or token ids), to find the rows of one group."""
+    if _looks_like_messages(prompt):
+        return tuple(tuple(sorted((str(key), str(value)) for key, value in dict(m).items())) for m in prompt)
+    return _as_token_ids(prompt, "prompt")
 
 
 def _looks_like_messages(prompt: Any) -> bool:

@@ -4,7 +4,9 @@ The scorer (:mod:`mrtpo_verl.replay.scorer`) needs two things of a causal LM:
 
 - ``hidden_states(input_ids, attention_mask, position_ids)`` → (n, P, hidden): the decoder's last
   hidden states (after the final norm), with no logits over the prompt positions;
-- ``logits(hidden)`` → (rows, vocab): the LM head applied to chosen rows only.
+- ``logits(hidden)`` → (rows, vocab): the LM head applied to chosen rows only;
+- for prefix sharing, ``prefix_cache(...)`` → :class:`PrefixCache` (the key/value cache of a shared prefix),
+  and ``hidden_states(..., past_key_values=cache)`` for the rows that continue it.
 
 :class:`LocalModelRunner` calls the decoder and the LM head of an ordinary module (a replay worker's
 own copy, or an in-process model).
@@ -15,7 +17,8 @@ so two rules hold:
 
 1. Only the wrapped root module is called (FSDP's hooks run exactly as in verl's own log-prob pass),
    with ``logits_to_keep=1`` so the LM head touches one position per row; the decoder's output is
-   taken by a forward hook.
+   taken by a forward hook. A shared prefix's cache is built by that same root call (``use_cache=True``),
+   so building it is one more collective pass like any other.
 2. Every rank runs the same number of forward passes: :meth:`agree_on_micro_batches` takes the
    maximum over the process group, and a rank with less work runs one-token idle passes. Otherwise
    the rank with more work would wait forever in an all-gather. A rank that fails before that
@@ -37,7 +40,57 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LocalModelRunner", "ModelRunner", "ShardedModelRunner"]
+__all__ = ["LocalModelRunner", "ModelRunner", "PrefixCache", "ShardedModelRunner"]
+
+
+class PrefixCache:
+    """The key/value cache of one shared prefix (one row), reusable by any number of later forward calls.
+
+    Held as plain per-layer tensors, (1, kv_heads, D, head_dim) each, so that no later call can grow it:
+    :meth:`repeated` builds a fresh transformers ``DynamicCache`` per call (its ``update`` concatenates
+    the new tokens into new tensors, leaving these untouched).
+
+    Only caches made of plain ``DynamicLayer`` s (full attention, every token kept) can be reused this way.
+    Sliding-window, chunked-attention, linear-attention/recurrent (Mamba-style) and quantised or offloaded
+    caches are refused with ``NotImplementedError``: such models must run with ``mrtpo.replay.share_prefix=false``.
+    """
+
+    def __init__(self, layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]) -> None:
+        self.layers = layers
+
+    @classmethod
+    def from_cache(cls, cache: Any) -> PrefixCache:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+
+        layers = getattr(cache, "layers", None)
+        if type(cache) is not DynamicCache or not layers or any(type(layer) is not DynamicLayer for layer in layers):
+            kinds = sorted({type(layer).__name__ for layer in layers or ()})
+            raise NotImplementedError(
+                f"mrtpo replay prefix sharing needs a transformers DynamicCache of full-attention DynamicLayers; this "
+                f"model returned {type(cache).__name__} ({', '.join(kinds) or 'no layers'}). "
+                "Set mrtpo.replay.share_prefix=false for it"
+            )
+        if any(layer.keys.shape[0] != 1 for layer in layers):
+            raise ValueError(f"a prefix cache holds one row, got {layers[0].keys.shape[0]}")
+        return cls(tuple((layer.keys, layer.values) for layer in layers))
+
+    @property
+    def length(self) -> int:
+        """D, the cached tokens."""
+        return int(self.layers[0][0].shape[-2])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by this one-row cache."""
+        return sum(keys.nbytes + values.nbytes for keys, values in self.layers)
+
+    def repeated(self, rows: int) -> Any:
+        """A fresh ``DynamicCache`` with this prefix for ``rows`` rows (copied: rows × this cache's bytes)."""
+        from transformers.cache_utils import DynamicCache
+
+        return DynamicCache(
+            ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.layers]
+        )
 
 
 class ModelRunner:
@@ -50,9 +103,23 @@ class ModelRunner:
         raise NotImplementedError
 
     def hidden_states(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any = None,
     ) -> torch.Tensor:
-        """(n, P) ids, mask and positions → (n, P, hidden) last hidden states."""
+        """(n, P) ids and positions, (n, D + P) mask, optional cache of D tokens → (n, P, hidden) last hidden states."""
+        raise NotImplementedError
+
+    def prefix_cache(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any = None,
+    ) -> PrefixCache:
+        """Run (1, P) tokens after an optional cache of D tokens → the key/value cache of all D + P tokens."""
         raise NotImplementedError
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -99,12 +166,36 @@ class LocalModelRunner(ModelRunner):
         return self.lm_head.weight.device  # type: ignore[no-any-return]
 
     def hidden_states(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any = None,
     ) -> torch.Tensor:
         output = self.decoder(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
         )
         return output.last_hidden_state  # type: ignore[no-any-return]
+
+    def prefix_cache(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any = None,
+    ) -> PrefixCache:
+        output = self.decoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=True,
+        )
+        return PrefixCache.from_cache(output.past_key_values)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # type: ignore[no-any-return]
@@ -135,8 +226,35 @@ class ShardedModelRunner(ModelRunner):
         return local.device  # type: ignore[no-any-return]
 
     def hidden_states(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any = None,
     ) -> torch.Tensor:
+        use_cache = past_key_values is not None
+        hidden, _ = self._root_forward(input_ids, attention_mask, position_ids, past_key_values, use_cache)
+        return hidden
+
+    def prefix_cache(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any = None,
+    ) -> PrefixCache:
+        _, cache = self._root_forward(input_ids, attention_mask, position_ids, past_key_values, True)
+        return PrefixCache.from_cache(cache)
+
+    def _root_forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any,
+        use_cache: bool,
+    ) -> tuple[torch.Tensor, Any]:
+        """One call of the wrapped root module (one round of FSDP all-gathers) → (decoder states, cache or None)."""
         captured: list[torch.Tensor] = []
 
         def keep_last_hidden_state(_module: Any, _args: Any, output: Any) -> None:
@@ -144,18 +262,19 @@ class ShardedModelRunner(ModelRunner):
 
         handle = self.decoder.register_forward_hook(keep_last_hidden_state)
         try:
-            self.model(
+            output = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                use_cache=False,
+                past_key_values=past_key_values,
+                use_cache=use_cache,
                 logits_to_keep=1,  # the root forward's own logits: one position per row, thrown away
             )
         finally:
             handle.remove()
         if len(captured) != 1:
             raise RuntimeError(f"colocated replay: the decoder ran {len(captured)} times in one forward pass, not once")
-        return captured[0]
+        return captured[0], getattr(output, "past_key_values", None) if use_cache else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.lm_head.weight

@@ -35,7 +35,8 @@ import torch
 
 from mrtpo_verl.config import ReplayConfig
 from mrtpo_verl.math.relevance import js_distance_one_to_many
-from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner
+from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner, PrefixCache
+from mrtpo_verl.replay.prefix_tree import PrefixNode, build_prefix_tree
 
 __all__ = ["ReplayInputs", "ReplayResult", "ReplayScorer", "ReplayStats"]
 
@@ -62,11 +63,17 @@ class ReplayStats:
     """Work done by one :meth:`ReplayScorer.score` call.
 
     Attributes:
-        forward_passes: sequences (context + response) run through the model.
+        forward_passes: sequences (context + response) scored, i.e. contexts replayed.
         skipped_passes: of the ``bs × (1 + K)`` possible passes, those not run.
         identical_contexts: needed (response, k) pairs whose ``C_-k == C``; q = 0 without a pass.
-        replayed_tokens: non-padding tokens fed to the model.
+        replayed_tokens: non-padding tokens fed to the model (shared prefixes counted once).
         padded_tokens: padding tokens fed to the model (cost of batching unequal lengths).
+        prefix_tokens_shared: tokens not fed thanks to prefix sharing: Σ (context + response) over the passes
+            minus ``replayed_tokens``.
+        model_calls: forward calls of the model (micro-batches plus one per shared prefix; idle passes of a
+            sharded runner not counted).
+        peak_cache_bytes: most key/value-cache bytes held at once (shared prefixes of the current path plus the
+            micro-batch's repeated copy); 0 without prefix sharing.
         wall_time_s: wall-clock seconds of the call.
     """
 
@@ -75,6 +82,9 @@ class ReplayStats:
     identical_contexts: int = 0
     replayed_tokens: int = 0
     padded_tokens: int = 0
+    prefix_tokens_shared: int = 0
+    model_calls: int = 0
+    peak_cache_bytes: int = 0
     wall_time_s: float = 0.0
 
     def as_metrics(self, prefix: str = "mrtpo/replay/") -> dict[str, float]:
@@ -109,6 +119,15 @@ class _Pass:
         return len(self.context) + len(self.response)
 
 
+@dataclass
+class _Progress:
+    """Relevance being filled, passes still to run per response, and the hidden states of half-done responses."""
+
+    relevance: torch.Tensor
+    remaining: dict[int, int]
+    pending: dict[int, dict[int | None, torch.Tensor]]
+
+
 class ReplayScorer:
     """Computes relevance ``q`` (bs, K, L) for a batch of responses with one causal LM.
 
@@ -123,6 +142,11 @@ class ReplayScorer:
             (sdpa) made a pair of 4k-token passes 1.5× slower than the two passes run one at a time.
         temperature: the rollout temperature τ; logits are divided by it (in float32) before the softmax.
         padding_side: "right" or "left"; both give the same q (attention mask and position ids follow it).
+        share_prefix: run each shared context prefix once and the rest against its key/value cache
+            (:mod:`~mrtpo_verl.replay.prefix_tree`); False replays every context from its first token.
+        min_shared_tokens: fewest tokens two or more contexts must share to get their own cached prefix.
+        max_cache_tokens: with sharing, at most this many rows × (cached prefix + longest remainder) per forward
+            call: bounds the key/value cache held at once (a row that alone exceeds it runs alone).
     """
 
     def __init__(
@@ -133,11 +157,15 @@ class ReplayScorer:
         temperature: float = 1.0,
         padding_side: str = "right",
         max_tokens_per_micro_batch: int = 4096,
+        share_prefix: bool = True,
+        min_shared_tokens: int = ReplayConfig.min_shared_tokens,
+        max_cache_tokens: int = ReplayConfig.max_cache_tokens,
     ) -> None:
-        if min(js_chunk_size, micro_batch_size, max_tokens_per_micro_batch) < 1:
+        sizes = (js_chunk_size, micro_batch_size, max_tokens_per_micro_batch, min_shared_tokens, max_cache_tokens)
+        if min(sizes) < 1:
             raise ValueError(
-                "js_chunk_size, micro_batch_size and max_tokens_per_micro_batch must be ≥ 1, got "
-                f"{js_chunk_size}, {micro_batch_size}, {max_tokens_per_micro_batch}"
+                "js_chunk_size, micro_batch_size, max_tokens_per_micro_batch, min_shared_tokens and "
+                f"max_cache_tokens must be ≥ 1, got {', '.join(map(str, sizes))}"
             )
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -151,6 +179,9 @@ class ReplayScorer:
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.temperature = float(temperature)
         self.padding_side = padding_side
+        self.share_prefix = bool(share_prefix)
+        self.min_shared_tokens = min_shared_tokens
+        self.max_cache_tokens = max_cache_tokens
 
     @classmethod
     def from_config(cls, model: Any, replay: ReplayConfig, padding_side: str = "right") -> ReplayScorer:
@@ -162,6 +193,9 @@ class ReplayScorer:
             replay.temperature,
             padding_side,
             replay.max_tokens_per_micro_batch,
+            replay.share_prefix,
+            replay.min_shared_tokens,
+            replay.max_cache_tokens,
         )
 
     @property
@@ -187,47 +221,117 @@ class ReplayScorer:
         length = longest if response_length is None else response_length
         relevance = torch.zeros(len(items), num_rewards, length, dtype=torch.float32, device=self.device)
         passes, stats = _plan_passes(items, needed.detach().cpu().bool())
-        micro_batches = _micro_batches(passes, self.micro_batch_size, self.max_tokens_per_micro_batch)
+        tree = build_prefix_tree(passes, self.min_shared_tokens) if self.share_prefix else PrefixNode(0, 0, (), passes)
+        micro_batches = {id(node): self._node_micro_batches(node) for node in tree.walk()}
+        # One model call per shared prefix and per micro-batch: what a sharded runner's ranks must agree on.
+        calls = len(tree.walk()) - 1 + sum(len(batches) for batches in micro_batches.values())
         # First collective of a sharded runner, before any other (scoring() gathers the LM head): a rank that
         # failed earlier meets the others here and they all stop (see ShardedModelRunner).
-        every_rank_runs = self.runner.agree_on_micro_batches(len(micro_batches))
+        every_rank_runs = self.runner.agree_on_micro_batches(calls)
         if every_rank_runs:
             with self.runner.scoring():
-                for _ in range(every_rank_runs - len(micro_batches)):
+                for _ in range(every_rank_runs - calls):
                     self.runner.idle_forward()
-                self._run(micro_batches, relevance, stats)
+                remaining: dict[int, int] = {}
+                for sequence in passes:
+                    remaining[sequence.item] = remaining.get(sequence.item, 0) + 1
+                self._run_node(tree, None, micro_batches, _Progress(relevance, remaining, {}), stats)
         if relevance.device.type == "cuda":
             torch.cuda.synchronize(relevance.device)
         stats.wall_time_s = time.perf_counter() - start
         return ReplayResult(relevance=relevance, stats=stats)
 
-    def _run(self, micro_batches: list[list[_Pass]], relevance: torch.Tensor, stats: ReplayStats) -> None:
-        """Run the micro-batches and reduce each response to q as soon as its passes are done."""
-        remaining: dict[int, int] = {}
-        for sequence in (sequence for micro_batch in micro_batches for sequence in micro_batch):
-            remaining[sequence.item] = remaining.get(sequence.item, 0) + 1
-        pending: dict[int, dict[int | None, torch.Tensor]] = {}
-        for micro_batch in micro_batches:
-            hidden_per_pass = self._response_hidden_states(micro_batch, stats)
-            for sequence, hidden in zip(micro_batch, hidden_per_pass, strict=True):
-                pending.setdefault(sequence.item, {})[sequence.reward] = hidden
-                remaining[sequence.item] -= 1
-                if remaining[sequence.item] == 0:
-                    self._relevance_of_response(pending.pop(sequence.item), relevance[sequence.item])
+    def _node_micro_batches(self, node: PrefixNode) -> list[list[_Pass]]:
+        if node.depth == 0:
+            return _micro_batches(node.remainders, self.micro_batch_size, self.max_tokens_per_micro_batch)  # type: ignore[arg-type]
+        return _micro_batches(
+            node.remainders,  # type: ignore[arg-type]
+            self.micro_batch_size,
+            self.max_tokens_per_micro_batch,
+            cached=node.depth,
+            max_cache_tokens=self.max_cache_tokens,
+        )
 
-    def _response_hidden_states(self, micro_batch: list[_Pass], stats: ReplayStats) -> list[torch.Tensor]:
-        """One padded forward pass of the decoder; per sequence the (T, hidden) states predicting its response."""
-        input_ids, attention_mask, offsets = _pad(micro_batch, self.padding_side, self.device)
-        # Positions count real tokens only, so a left-padded sequence sees the same positions as a right-padded one.
-        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
-        hidden = self.runner.hidden_states(input_ids, attention_mask, position_ids)  # (micro_batch, padded, hidden)
+    def _run_node(
+        self,
+        node: PrefixNode,
+        parent_cache: PrefixCache | None,
+        micro_batches: dict[int, list[list[_Pass]]],
+        progress: _Progress,
+        stats: ReplayStats,
+        held: int = 0,
+    ) -> None:
+        """Build this node's cache (one call), run its remainders against it, then its children (depth first).
+
+        ``held``: bytes of the ancestors' caches, alive while this subtree runs.
+        """
+        cache = parent_cache
+        if node.depth:
+            cache = self._extend(node, parent_cache, stats)
+            held += cache.nbytes
+        for micro_batch in micro_batches[id(node)]:
+            hidden_per_pass = self._response_hidden_states(micro_batch, node.depth, cache, stats, held)
+            for sequence, hidden in zip(micro_batch, hidden_per_pass, strict=True):
+                progress.pending.setdefault(sequence.item, {})[sequence.reward] = hidden
+                progress.remaining[sequence.item] -= 1
+                if progress.remaining[sequence.item] == 0:
+                    self._relevance_of_response(progress.pending.pop(sequence.item), progress.relevance[sequence.item])
+        for child in node.children:
+            self._run_node(child, cache, micro_batches, progress, stats, held)
+
+    def _extend(self, node: PrefixNode, parent_cache: PrefixCache | None, stats: ReplayStats) -> PrefixCache:
+        """The cache of ``node.depth`` tokens: its own tokens run (one row) after the parent's cache."""
+        input_ids = torch.tensor([node.tokens], dtype=torch.long, device=self.device)
+        attention_mask = torch.ones(1, node.depth, dtype=torch.long, device=self.device)
+        position_ids = torch.arange(node.parent_depth, node.depth, device=self.device)[None]
+        past = parent_cache.repeated(1) if parent_cache is not None else None
+        cache = self.runner.prefix_cache(input_ids, attention_mask, position_ids, past)
+        if cache.length != node.depth:
+            raise RuntimeError(f"prefix cache holds {cache.length} tokens, expected {node.depth}")
+        stats.model_calls += 1
+        stats.replayed_tokens += len(node.tokens)
+        stats.prefix_tokens_shared -= len(node.tokens)
+        return cache
+
+    def _response_hidden_states(
+        self,
+        micro_batch: list[_Pass],
+        cached: int,
+        cache: PrefixCache | None,
+        stats: ReplayStats,
+        held_bytes: int,
+    ) -> list[torch.Tensor]:
+        """One padded forward call; per sequence the (T, hidden) states predicting its response.
+
+        Args:
+            micro_batch: passes whose first ``cached`` context tokens are in ``cache`` (all of them: 0 and None).
+            cached: D, the tokens of the shared prefix; each row runs ``context[D:] + response``.
+        """
+        input_ids, remainder_mask, offsets = _pad(micro_batch, self.padding_side, self.device, cached)
+        # Positions count real tokens only (after the D cached ones), so a left-padded row sees the same positions
+        # as a right-padded one; the attention mask covers the cached prefix too.
+        position_ids = (cached + remainder_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        past = None
+        attention_mask = remainder_mask
+        if cache is not None:
+            past = cache.repeated(len(micro_batch))
+            prefix_mask = torch.ones(len(micro_batch), cached, dtype=torch.long, device=self.device)
+            attention_mask = torch.cat([prefix_mask, remainder_mask], dim=1)
+            # Held at the end of the call: the path's prefixes plus the repeated prefix grown by the remainders.
+            grown = cache.nbytes * len(micro_batch) * (cached + remainder_mask.shape[1]) // max(cached, 1)
+            stats.peak_cache_bytes = max(stats.peak_cache_bytes, held_bytes + grown)
+        hidden = self.runner.hidden_states(input_ids, attention_mask, position_ids, past)  # (n, padded, hidden)
+        del past
+        real = sum(sequence.length - cached for sequence in micro_batch)
+        stats.model_calls += 1
         stats.forward_passes += len(micro_batch)
-        stats.replayed_tokens += sum(sequence.length for sequence in micro_batch)
-        stats.padded_tokens += int(attention_mask.numel()) - sum(sequence.length for sequence in micro_batch)
-        # Hidden state at position i predicts token i + 1: response token t is predicted at c - 1 + t. Cloned so
-        # that a response still waiting for passes holds (T, hidden), not the whole (micro_batch, padded, hidden).
+        stats.replayed_tokens += real
+        stats.prefix_tokens_shared += cached * len(micro_batch)
+        stats.padded_tokens += int(remainder_mask.numel()) - real
+        # Hidden state at position i predicts token i + 1: response token t is predicted at c - D - 1 + t of the
+        # remainder. Cloned so that a response still waiting for passes holds (T, hidden), not the whole batch.
         return [
-            hidden[row, offset + len(sequence.context) - 1 : offset + sequence.length - 1].clone()
+            hidden[row, offset + len(sequence.context) - cached - 1 : offset + sequence.length - cached - 1].clone()
             for row, (sequence, offset) in enumerate(zip(micro_batch, offsets, strict=True))
         ]
 
@@ -307,16 +411,23 @@ def _plan_passes(items: Sequence[ReplayInputs], needed: torch.Tensor) -> tuple[l
     return passes, stats
 
 
-def _micro_batches(passes: list[_Pass], max_sequences: int, max_tokens: int) -> list[list[_Pass]]:
-    """Consecutive passes grouped while ≤ ``max_sequences`` and ``len × longest ≤ max_tokens`` (or alone)."""
+def _micro_batches(
+    passes: list[_Pass], max_sequences: int, max_tokens: int, cached: int = 0, max_cache_tokens: int = 0
+) -> list[list[_Pass]]:
+    """Consecutive passes grouped while ≤ ``max_sequences`` and ``len × longest ≤ max_tokens`` (or alone).
+
+    With a cached prefix of ``cached`` tokens, lengths are the remainders' (``length - cached``) and also
+    ``len × (cached + longest) ≤ max_cache_tokens``: the key/value cache rows the call holds.
+    """
     groups: list[list[_Pass]] = []
     current: list[_Pass] = []
     longest = 0
     for sequence in passes:
-        grown = max(longest, sequence.length)
-        if current and (len(current) == max_sequences or (len(current) + 1) * grown > max_tokens):
+        grown = max(longest, sequence.length - cached)
+        over_cache = cached and (len(current) + 1) * (cached + grown) > max_cache_tokens
+        if current and (len(current) == max_sequences or (len(current) + 1) * grown > max_tokens or over_cache):
             groups.append(current)
-            current, grown = [], sequence.length
+            current, grown = [], sequence.length - cached
         current.append(sequence)
         longest = grown
     if current:
@@ -325,21 +436,23 @@ def _micro_batches(passes: list[_Pass], max_sequences: int, max_tokens: int) -> 
 
 
 def _pad(
-    micro_batch: list[_Pass], padding_side: str, device: torch.device
+    micro_batch: list[_Pass], padding_side: str, device: torch.device, cached: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Pad ``context + response`` sequences into one batch.
+    """Pad the sequences' remainders ``context[cached:] + response`` into one batch.
 
     Returns:
-        input_ids (n, P) long, attention_mask (n, P) long, and per sequence the index of its first real token.
+        input_ids (n, P) long, attention_mask (n, P) long over the remainders, and per sequence the index of its
+        first real token.
     """
-    padded_length = max(sequence.length for sequence in micro_batch)
+    padded_length = max(sequence.length - cached for sequence in micro_batch)
     input_ids = torch.zeros(len(micro_batch), padded_length, dtype=torch.long)  # pad id is irrelevant: masked out
     attention_mask = torch.zeros(len(micro_batch), padded_length, dtype=torch.long)
     offsets = []
     for row, sequence in enumerate(micro_batch):
-        offset = padded_length - sequence.length if padding_side == "left" else 0
-        real = slice(offset, offset + sequence.length)
-        input_ids[row, real] = torch.tensor([*sequence.context, *sequence.response], dtype=torch.long)
+        length = sequence.length - cached
+        offset = padded_length - length if padding_side == "left" else 0
+        real = slice(offset, offset + length)
+        input_ids[row, real] = torch.tensor([*sequence.context[cached:], *sequence.response], dtype=torch.long)
         attention_mask[row, real] = 1
         offsets.append(offset)
     return input_ids.to(device), attention_mask.to(device), offsets

@@ -72,8 +72,9 @@ def all_needed(replay_items: list[ReplayContexts]) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def baseline(model: Any, replay_items: list[ReplayContexts], all_needed: torch.Tensor) -> ReplayResult:
-    """Right padding, micro-batch 2, τ = 1: the run every other configuration is compared with."""
-    return ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=2).score(replay_items, all_needed)
+    """Right padding, micro-batch 2, τ = 1, no prefix sharing: the run every other configuration is compared with."""
+    scorer = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=2, share_prefix=False)
+    return scorer.score(replay_items, all_needed)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +162,9 @@ def test_token_budget_splits_micro_batches_without_changing_q(
 ) -> None:
     longest = max(len(item.full_context_ids) + len(item.response_ids) for item in replay_items)
     budget = 2 * longest + 1  # room for two sequences of any length, never three
-    scorer = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=8, max_tokens_per_micro_batch=budget)
+    scorer = ReplayScorer(
+        model, js_chunk_size=JS_CHUNK, micro_batch_size=8, max_tokens_per_micro_batch=budget, share_prefix=False
+    )
     with recorded_calls(scorer.runner.decoder) as decoder_inputs:
         result = scorer.score(replay_items, all_needed)
     torch.testing.assert_close(result.relevance, baseline.relevance, atol=1e-5, rtol=0)
@@ -169,7 +172,9 @@ def test_token_budget_splits_micro_batches_without_changing_q(
     assert sum(rows for rows, _ in decoder_inputs) == result.stats.forward_passes
     assert len(decoder_inputs) > math.ceil(result.stats.forward_passes / 8)  # the budget, not the count, split them
 
-    alone = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=8, max_tokens_per_micro_batch=1)
+    alone = ReplayScorer(
+        model, js_chunk_size=JS_CHUNK, micro_batch_size=8, max_tokens_per_micro_batch=1, share_prefix=False
+    )
     with recorded_calls(alone.runner.decoder) as decoder_inputs:
         result = alone.score(replay_items, all_needed)
     torch.testing.assert_close(result.relevance, baseline.relevance, atol=1e-5, rtol=0)
@@ -180,7 +185,7 @@ def test_skipping_gives_the_same_q_on_needed_pairs(
     model: Any, replay_items: list[ReplayContexts], baseline: ReplayResult
 ) -> None:
     needed = torch.tensor([[True, False, True], [False, True, False]])
-    scorer = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=2)
+    scorer = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=2, share_prefix=False)
     with recorded_calls(scorer.runner.decoder) as decoder_inputs:
         result = scorer.score(replay_items, needed)
 
@@ -208,7 +213,7 @@ def test_lm_head_sees_only_response_positions_in_chunks(
     model: Any, replay_items: list[ReplayContexts], all_needed: torch.Tensor
 ) -> None:
     item = replay_items[0]
-    scorer = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=3)
+    scorer = ReplayScorer(model, js_chunk_size=JS_CHUNK, micro_batch_size=3, share_prefix=False)
     with recorded_calls(scorer.runner.lm_head) as lm_head_inputs:
         result = scorer.score([item], torch.tensor([[False, True, False]]), response_length=len(item.response_ids) + 7)
     response_length = len(item.response_ids)
@@ -251,7 +256,14 @@ def test_training_mode_is_restored_and_no_grad_is_kept(model: Any, replay_items:
 
 
 def test_from_config_and_input_validation(model: Any, replay_items: list[ReplayContexts]) -> None:
-    replay = ReplayConfig(js_chunk_size=7, micro_batch_size=5, temperature=0.9)
+    replay = ReplayConfig(
+        js_chunk_size=7,
+        micro_batch_size=5,
+        temperature=0.9,
+        share_prefix=False,
+        min_shared_tokens=3,
+        max_cache_tokens=9,
+    )
     scorer = ReplayScorer.from_config(model, replay, padding_side="left")
     assert (scorer.js_chunk_size, scorer.micro_batch_size, scorer.temperature, scorer.padding_side) == (
         7,
@@ -259,6 +271,7 @@ def test_from_config_and_input_validation(model: Any, replay_items: list[ReplayC
         0.9,
         "left",
     )
+    assert (scorer.share_prefix, scorer.min_shared_tokens, scorer.max_cache_tokens) == (False, 3, 9)
     with pytest.raises(ValueError, match="bool tensor"):
         scorer.score(replay_items, torch.ones(2, 3))
     with pytest.raises(ValueError, match="bool tensor"):
@@ -269,3 +282,5 @@ def test_from_config_and_input_validation(model: Any, replay_items: list[ReplayC
         scorer.score(replay_items, torch.ones(2, 3, dtype=torch.bool), response_length=2)
     with pytest.raises(ValueError, match="padding_side"):
         ReplayScorer(model, padding_side="middle")
+    with pytest.raises(ValueError, match="max_cache_tokens must be ≥ 1"):
+        ReplayScorer(model, max_cache_tokens=0)
