@@ -12,10 +12,11 @@ import sqlite3
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import torch
 from verl import DataProto
 
+from mrtpo_verl.demo.batch import SampledResponse, pack_batch
+from mrtpo_verl.demo.tasks import DemoPrompt
 from reward_fns import dispatch
 from reward_fns.text_to_sql import BUNDLED_DB_ROOT
 
@@ -60,13 +61,23 @@ def real_sql_batch(max_new_tokens: int = 16) -> DataProto:
     """Two groups of two: the model's own greedy answer and the gold query in a fence, per question.
 
     The model's answers rarely satisfy the verifier while the gold ones do, so every reward varies
-    inside every group and the replay has real work (no pair is skipped).
+    inside every group and the replay has real work (no pair is skipped). Packed by the demo's
+    :func:`~mrtpo_verl.demo.batch.pack_batch` (verl's layout, uid ``prompt-<question>``).
     """
     model, tokenizer = smollm2()
-    prompts, responses, raw_prompts, uids, scores = [], [], [], [], []
+    prompts, responses = [], []
     for g, example in enumerate(spider_questions()):
-        messages = chat_prompt(example)
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        gold_sql = f"```sql\n{example['query']}\n```"
+        prompt = DemoPrompt(
+            task="text_to_sql",
+            data_source="spider/dev",
+            messages=chat_prompt(example),
+            ground_truth={"sql": example["query"], "db_id": example["db_id"]},
+            reference=gold_sql,
+        )
+        ids = tokenizer.apply_chat_template(
+            prompt.messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         prompt_ids = ids["input_ids"][0]
         with torch.inference_mode():
             generated = model.generate(
@@ -76,40 +87,10 @@ def real_sql_batch(max_new_tokens: int = 16) -> DataProto:
                 max_new_tokens=max_new_tokens,
                 pad_token_id=tokenizer.pad_token_id,
             )[0, len(prompt_ids) :].tolist()
-        gold = tokenizer(f"```sql\n{example['query']}\n```", add_special_tokens=False)["input_ids"]
-        for response in (generated, [*gold, tokenizer.eos_token_id]):
+        gold = [*tokenizer(gold_sql, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+        for response, label in ((generated, "greedy"), (gold, "gold query")):
             text = tokenizer.decode(response, skip_special_tokens=True)
-            ground_truth = {"sql": example["query"], "db_id": example["db_id"]}
-            scores.append(dispatch.compute_score("spider/dev", text, ground_truth, families=["text_to_sql"]))
-            prompts.append(prompt_ids.tolist())
-            responses.append(response)
-            raw_prompts.append(messages)
-            uids.append(f"q{g}")
-    return _to_dataproto(prompts, responses, raw_prompts, uids, scores, tokenizer.pad_token_id)
-
-
-def _to_dataproto(prompts, responses, raw_prompts, uids, scores, pad_id) -> DataProto:
-    bs, width_p, width_r = len(prompts), max(map(len, prompts)), max(map(len, responses))
-    prompt_tensor = torch.full((bs, width_p), pad_id)
-    prompt_mask = torch.zeros(bs, width_p, dtype=torch.long)
-    response_tensor = torch.full((bs, width_r), pad_id)
-    response_mask = torch.zeros(bs, width_r, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-        prompt_tensor[i, width_p - len(p) :] = torch.tensor(p)  # verl left-pads prompts
-        prompt_mask[i, width_p - len(p) :] = 1
-        response_tensor[i, : len(r)] = torch.tensor(r)
-        response_mask[i, : len(r)] = 1
-    raw = np.empty(bs, dtype=object)
-    raw[:] = raw_prompts
-    non_tensors = {"uid": np.array(uids, dtype=object), "raw_prompt": raw}
-    for key in REWARD_KEYS:
-        non_tensors[key] = np.array([s[key] for s in scores], dtype=np.float64)
-        non_tensors[dispatch.info_key(key)] = np.array([s[dispatch.info_key(key)] for s in scores], dtype=object)
-    tensors = {
-        "prompts": prompt_tensor,
-        "responses": response_tensor,
-        "response_mask": response_mask,
-        "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
-        "token_level_rewards": torch.zeros(bs, width_r),
-    }
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+            scores = dispatch.compute_score(prompt.data_source, text, prompt.ground_truth, families=["text_to_sql"])
+            responses.append(SampledResponse(g, prompt_ids.tolist(), response, label, scores))
+        prompts.append(prompt)
+    return pack_batch(responses, prompts, REWARD_KEYS, tokenizer.pad_token_id)
