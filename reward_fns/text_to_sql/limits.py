@@ -37,13 +37,13 @@ def response_problem(response: str) -> str | None:
     """
     # len() first: a 100 MB response is refused without encoding it.
     if len(response) > MAX_RESPONSE_BYTES:
-        return f"the response is {len(response)} characters long; at most {MAX_RESPONSE_BYTES} bytes are read"
+        return f"the response is {len(response)} characters long; responses over {MAX_RESPONSE_BYTES} bytes are refused"
     try:
         size = len(response.encode("utf-8"))
     except UnicodeEncodeError as error:
         return f"the response is not valid Unicode text (a lone surrogate at character {error.start})"
     if size > MAX_RESPONSE_BYTES:
-        return f"the response is {size} bytes of UTF-8; at most {MAX_RESPONSE_BYTES} bytes are read"
+        return f"the response is {size} bytes of UTF-8; responses over {MAX_RESPONSE_BYTES} bytes are refused"
     return None
 
 
@@ -57,16 +57,16 @@ def sql_problem(sql: str) -> str | None:
         A message for the verifier info, or None.
     """
     if len(sql) > MAX_SQL_BYTES:
-        return f"the SQL is {len(sql)} characters long; at most {MAX_SQL_BYTES} bytes are accepted"
+        return f"the SQL is {len(sql)} characters long; SQL over {MAX_SQL_BYTES} bytes is refused"
     try:
         size = len(sql.encode("utf-8"))
     except UnicodeEncodeError as error:
         return f"the SQL is not valid Unicode text (a lone surrogate at character {error.start})"
     if size > MAX_SQL_BYTES:
-        return f"the SQL is {size} bytes of UTF-8; at most {MAX_SQL_BYTES} bytes are accepted"
+        return f"the SQL is {size} bytes of UTF-8; SQL over {MAX_SQL_BYTES} bytes is refused"
     depth = paren_depth(sql)
     if depth > MAX_PAREN_DEPTH:
-        return f"the SQL nests parentheses {depth} levels deep; at most {MAX_PAREN_DEPTH} are accepted"
+        return f"the SQL nests parentheses {depth} levels deep; more than {MAX_PAREN_DEPTH} levels are refused"
     return None
 
 

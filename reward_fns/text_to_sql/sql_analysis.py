@@ -46,9 +46,9 @@ class QueryShape:
 
 
 # What counts as one read-only query: a SELECT (with or without WITH), a compound SELECT
-# (UNION, INTERSECT, EXCEPT), a parenthesised one, or a VALUES list. sqlglot puts a leading
-# WITH on the statement that follows it, so ``WITH x AS (...) DELETE ...`` is a Delete.
-_QUERY_EXPRESSIONS = (exp.Select, exp.SetOperation, exp.Subquery, exp.Values)
+# (UNION, INTERSECT, EXCEPT) or a VALUES list. sqlglot puts a leading WITH on the statement
+# that follows it, so ``WITH x AS (...) DELETE ...`` is a Delete.
+_QUERY_EXPRESSIONS = (exp.Select, exp.SetOperation, exp.Values)
 
 
 def _parse_error_text(error: SqlglotError) -> str:

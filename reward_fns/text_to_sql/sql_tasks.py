@@ -37,10 +37,15 @@ def _result_fields(result: QueryResult | None, error: QueryError | None) -> dict
     return {"columns": result.columns, "rows": result.rows, "error": None, "error_kind": None}
 
 
-def _execute(db_path: str, sql: str, timeout_s: float, row_cap: int) -> dict[str, Any]:
+def _execute(db_path: str, sql: str, timeout_s: float, row_cap: int, deadline_s: float | None = None) -> dict[str, Any]:
+    """Runs a query within `timeout_s`; a timeout names `deadline_s` (the whole task's deadline) when given."""
     try:
         result = database_for_thread(Path(db_path)).execute(sql, timeout_s=timeout_s, row_cap=row_cap)
     except QueryError as error:
+        if error.kind == "timeout" and deadline_s is not None:
+            error = QueryError(
+                "timeout", f"query timed out after {deadline_s:g} s (parsing and running) and was interrupted"
+            )
         return _result_fields(None, error)
     return _result_fields(result, None)
 
@@ -72,7 +77,7 @@ def check_response(response: str, db_path: str, timeout_s: float, row_cap: int) 
     }
     if extracted.sql is not None:
         remaining = max(timeout_s - (time.monotonic() - started), _MIN_EXECUTION_S)
-        fields.update(_execute(db_path, extracted.sql, remaining, row_cap))
+        fields.update(_execute(db_path, extracted.sql, remaining, row_cap, deadline_s=timeout_s))
     return fields
 
 

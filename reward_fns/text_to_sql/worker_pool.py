@@ -62,7 +62,23 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class WorkerFailure(Exception):
-    """A task got no answer: its worker overran the deadline and was killed, or died, or could not start."""
+    """A task got no answer: its worker overran the deadline and was killed, or died, or the task raised."""
+
+
+class _Broken(Exception):
+    """A worker can no longer be used; `kind` is "deadline", "died" or "protocol" (see the message)."""
+
+    def __init__(self, kind: str, message: str = "") -> None:
+        super().__init__(message or kind)
+        self.kind = kind
+
+
+class WorkerStartError(RuntimeError):
+    """A worker process could not start (a broken environment, a memory limit too small to import sqlglot).
+
+    Not a `WorkerFailure`: no response is to blame, so the verifier lets it propagate
+    (``reward_fns.total`` counts and logs it) instead of quietly scoring every response 0.
+    """
 
 
 def _signal_name(returncode: int | None) -> str:
@@ -101,7 +117,7 @@ class _Worker:
         """Waits up to `timeout_s` for the worker's "ready" frame; True once it came.
 
         Raises:
-            WorkerFailure: If the worker died or sent something else.
+            _Broken: If the worker died or sent something else.
         """
         if self.ready:
             return True
@@ -109,7 +125,7 @@ class _Worker:
             return False
         message = self._read_frame(time.monotonic() + STARTUP_TIMEOUT_S)
         if not (isinstance(message, tuple) and message[:1] == ("ready",)):
-            raise WorkerFailure(f"the SQL worker sent {message!r:.200} instead of its ready signal")
+            raise _Broken("protocol", f"it sent {message!r:.200} instead of its ready signal")
         self.ready = True
         return True
 
@@ -117,30 +133,37 @@ class _Worker:
         """Sends one framed request and returns the reply's message.
 
         Raises:
-            WorkerFailure: If the deadline passes or the worker dies first (the worker is then unusable).
+            _Broken: If the deadline passes, the worker dies first or its reply is unreadable.
         """
         try:
             self.requests.write(request)
             self.requests.flush()
         except (BrokenPipeError, OSError) as error:
-            raise WorkerFailure(f"the SQL worker could not take the query ({error})") from error
-        return self._read_frame(deadline)
+            raise _Broken("died", f"it could not take the query ({error})") from error
+        reply = self._read_frame(deadline)
+        if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] in ("ok", "error")):
+            raise _Broken("protocol", f"it sent {reply!r:.200} instead of a reply")
+        return reply
 
     def _read_frame(self, deadline: float) -> Any:
         header = self._read_exactly(HEADER.size, deadline)
         (size,) = HEADER.unpack(header)
         if size > MAX_FRAME_BYTES:
-            raise WorkerFailure(f"the SQL worker sent a reply of {size} bytes (at most {MAX_FRAME_BYTES})")
-        return decode_body(self._read_exactly(size, deadline))
+            raise _Broken("protocol", f"it sent a reply of {size} bytes (at most {MAX_FRAME_BYTES})")
+        body = self._read_exactly(size, deadline)
+        try:
+            return decode_body(body)
+        except Exception as error:  # anything a subverted worker might send
+            raise _Broken("protocol", f"it sent an unreadable reply ({type(error).__name__}: {error})") from None
 
     def _read_exactly(self, size: int, deadline: float) -> bytes:
         chunks: list[bytes] = []
         while size:
             if not _readable(self.replies, deadline - time.monotonic()):
-                raise WorkerFailure("deadline")
+                raise _Broken("deadline")
             chunk = os.read(self.replies.fileno(), min(size, 1 << 20))
             if not chunk:
-                raise WorkerFailure("died")
+                raise _Broken("died")
             chunks.append(chunk)
             size -= len(chunk)
         return b"".join(chunks)
@@ -231,14 +254,15 @@ class SqlWorkerPool:
         deadline = time.monotonic() + timeout_s + KILL_GRACE_S
         try:
             status, value = worker.call(request, deadline)
-        except WorkerFailure as failure:
-            self._replace(worker)
-            if str(failure) == "deadline":
+        except _Broken as broken:
+            how = self._replace(worker)
+            if broken.kind == "deadline":
                 raise WorkerFailure(
                     f"the SQL worker did not answer within the {timeout_s:g} s deadline and was killed"
                 ) from None
-            how = _signal_name(worker.process.returncode)
-            raise WorkerFailure(f"the SQL worker process died while running the query ({how})") from None
+            if broken.kind == "died":
+                raise WorkerFailure(f"the SQL worker process died while running the query ({how})") from None
+            raise WorkerFailure(f"the SQL worker was killed: {broken}") from None
         except BaseException:
             self._replace(worker)  # e.g. KeyboardInterrupt mid-call: the pipe is out of step
             raise
@@ -262,10 +286,13 @@ class SqlWorkerPool:
                 self._condition.wait()
         try:
             if not worker.poll_ready(max(STARTUP_TIMEOUT_S - (time.monotonic() - worker.started_at), 0.0)):
-                raise WorkerFailure(f"the SQL worker did not start within {STARTUP_TIMEOUT_S:g} s")
-        except WorkerFailure as failure:
+                raise _Broken("deadline", f"it was not ready within {STARTUP_TIMEOUT_S:g} s")
+        except _Broken as broken:
             how = self._replace(worker)
-            raise WorkerFailure(f"{failure} ({how})") from None
+            reason = "it exited" if broken.kind == "died" else str(broken)
+            raise WorkerStartError(
+                f"an SQL sandbox worker process could not start: {reason} ({how}); its standard error says why"
+            ) from None
         return worker
 
     def _take_ready_or_oldest(self) -> _Worker:
@@ -273,7 +300,7 @@ class SqlWorkerPool:
             try:
                 if worker.poll_ready(0.0):
                     return self._idle.pop(index)
-            except WorkerFailure:
+            except _Broken:
                 continue  # it died while idle; the caller finds out and replaces it
         return self._idle.pop(0)
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reward_fns.text_to_sql import compute_score
+from reward_fns.text_to_sql import BUNDLED_DB_ROOT, compute_score
+from reward_fns.text_to_sql.limits import MAX_PAREN_DEPTH, paren_depth, response_problem, sql_problem
 from reward_fns.text_to_sql.parse import extract_query, find_fenced_blocks
 
 SINGER_COUNT_GROUND_TRUTH = {"sql": "SELECT count(*) FROM singer", "db_id": "concert_singer"}
@@ -46,6 +50,20 @@ def fenced(sql: str, language: str = "sql") -> str:
             "WITH old AS (SELECT * FROM singer WHERE age > 40) SELECT name FROM old",
             id="with-query",
         ),
+        pytest.param(
+            fenced("SELECT name FROM singer UNION SELECT name FROM concert ORDER BY name"),
+            "SELECT name FROM singer UNION SELECT name FROM concert ORDER BY name",
+            id="union",
+        ),
+        pytest.param(
+            fenced("WITH a AS (SELECT name FROM singer) SELECT name FROM a EXCEPT SELECT 'x'"),
+            "WITH a AS (SELECT name FROM singer) SELECT name FROM a EXCEPT SELECT 'x'",
+            id="with-compound-select",
+        ),
+        pytest.param(fenced("VALUES (1), (2)"), "VALUES (1), (2)", id="values"),
+        pytest.param(
+            fenced("SELECT " + "(" * 32 + "1" + ")" * 32), "SELECT " + "(" * 32 + "1" + ")" * 32, id="32-levels-deep"
+        ),
     ],
 )
 def test_well_formed_responses_pass_and_yield_the_query(response: str, expected_sql: str) -> None:
@@ -81,6 +99,31 @@ def test_well_formed_responses_pass_and_yield_the_query(response: str, expected_
         ),
         pytest.param(fenced("DROP TABLE singer"), "'DROP'", id="not-a-query"),
         pytest.param(fenced("PRAGMA user_version = 5"), "'PRAGMA'", id="pragma-is-not-a-query"),
+        pytest.param(fenced("EXPLAIN SELECT 1"), "'EXPLAIN'", id="explain"),
+        pytest.param(fenced("(SELECT count(*) FROM singer)"), "starts with '('", id="parenthesised-sqlite-refuses-it"),
+        pytest.param(
+            fenced("WITH x AS (SELECT 1) DELETE FROM singer"), "the statement is a DELETE", id="delete-behind-a-cte"
+        ),
+        pytest.param(
+            fenced("WITH x AS (SELECT 1) INSERT INTO singer (Name) SELECT 'a' FROM x"),
+            "the statement is a INSERT",
+            id="insert-behind-a-cte",
+        ),
+        pytest.param(
+            fenced("WITH x AS (SELECT 1) UPDATE singer SET Age = 0"),
+            "the statement is a UPDATE",
+            id="update-behind-a-cte",
+        ),
+        pytest.param(fenced("SELECT 'unterminated"), "sqlglot cannot tokenize", id="untokenizable"),
+        pytest.param(
+            fenced("SELECT name FROM"), "sqlglot cannot parse the query: Expected table name", id="unparseable"
+        ),
+        pytest.param(
+            fenced("SELECT " + "(" * 33 + "1" + ")" * 33), "nests parentheses 33 levels deep", id="33-levels-deep"
+        ),
+        pytest.param(fenced("SELECT " + "NOT " * 2000 + "1"), "nested too deeply for the SQL parser", id="deep-not"),
+        pytest.param(fenced("SELECT 1 -- " + "x" * 70_000), "over 65536 bytes are refused", id="response-over-64-kib"),
+        pytest.param(fenced("SELECT '\ud800'"), "lone surrogate", id="lone-surrogate"),
     ],
 )
 def test_malformed_responses_fail_with_a_reason(response: str, problem_fragment: str) -> None:
@@ -125,3 +168,28 @@ def test_any_prose_around_the_single_block_is_accepted(before: str, after: str) 
     extracted = extract_query(response)
     assert extracted.format_ok, extracted.problem
     assert extracted.sql == "SELECT name FROM singer ORDER BY age"
+
+
+def test_dml_behind_a_cte_is_neither_well_formed_nor_executed() -> None:
+    result = compute_score("spider", fenced("WITH x AS (SELECT 1) DELETE FROM singer"), SINGER_COUNT_GROUND_TRUTH)
+    assert (result["sql_format"], result["sql_executability"], result["sql_execution"]) == (0.0, 0.0, 0.0)
+    assert "the statement is a DELETE; expected a SELECT query" in str(result["sql_format_info"])
+    assert "Not executed" in str(result["sql_executability_info"])
+
+
+def test_the_size_and_depth_caps_are_checked_before_any_parser() -> None:
+    # A megabyte of `1 + 1 + ...` would keep sqlglot busy for about 10 s.
+    started = time.monotonic()
+    assert response_problem("x" * 10_000_000) is not None
+    assert sql_problem("SELECT " + " + ".join(["1"] * 300_000)) is not None
+    assert time.monotonic() - started < 0.5
+    assert paren_depth("f(a, (b)) + ((c)") == 2
+    assert paren_depth(")))(") == 1
+    assert sql_problem("SELECT " + "(" * MAX_PAREN_DEPTH + "1" + ")" * MAX_PAREN_DEPTH) is None
+
+
+def test_every_bundled_gold_query_is_within_the_caps() -> None:
+    lines = (BUNDLED_DB_ROOT / "dev_subset.jsonl").read_text(encoding="utf-8").splitlines()
+    depths = [paren_depth(json.loads(line)["query"]) for line in lines]
+    assert max(depths) <= 4
+    assert all(sql_problem(json.loads(line)["query"]) is None for line in lines)
