@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
-__all__ = ["relevance_metrics", "top_share"]
+__all__ = ["relevance_metrics", "reward_component_metrics", "staleness_metrics", "top_share"]
 
 #: The share of tokens whose relevance share is reported: uniform relevance gives exactly this.
 TOP_FRACTION = 0.10
@@ -54,3 +57,46 @@ def relevance_metrics(
         if shares.numel():
             metrics[f"mrtpo/{key}/relevance_top10_share"] = float(shares.mean())
     return metrics
+
+
+def reward_component_metrics(
+    rewards: torch.Tensor, index: np.ndarray, reward_keys: tuple[str, ...]
+) -> dict[str, float]:
+    """Per reward: ``reward/<key>/mean|std|min|max`` over the responses, and the zero-variance group share.
+
+    verl's v1 trainer logs reward components only at validation; these are the training batch's.
+    ``reward/<key>/zero_variance_group_share`` is the share of prompt groups in which reward k is
+    constant: there ``Â_k = 0`` and the reward carries no signal this step (nor needs a replay).
+
+    Args:
+        rewards: (bs, K) reward components of the batch's real (non-padding) responses.
+        index: (bs,) group id (uid) per response.
+        reward_keys: names of the K rewards.
+    """
+    if rewards.shape[0] == 0:
+        return {}
+    groups = [np.flatnonzero(index == uid) for uid in dict.fromkeys(index.tolist())]
+    metrics: dict[str, float] = {}
+    for k, key in enumerate(reward_keys):
+        column = rewards[:, k].double()
+        constant = sum(1 for rows in groups if bool((column[rows] == column[rows[0]]).all()))
+        metrics[f"reward/{key}/mean"] = float(column.mean())
+        metrics[f"reward/{key}/std"] = float(column.std(unbiased=False))
+        metrics[f"reward/{key}/min"] = float(column.min())
+        metrics[f"reward/{key}/max"] = float(column.max())
+        metrics[f"reward/{key}/zero_variance_group_share"] = constant / len(groups)
+    return metrics
+
+
+def staleness_metrics(tags: Sequence[dict], global_step: int) -> dict[str, float]:
+    """verl's trajectory staleness of the batch, ``(global_step - 1) - max_global_steps`` per response.
+
+    The same figure verl's ``_compute_metrics`` logs as ``training/off_policy/trajectory_staleness``
+    (how many weight versions a response lags the policy being trained), reported here next to the
+    relevance so that the Ray dashboard shows the two together. Rows without the tag (padding) are skipped.
+    """
+    versions = [tag["max_global_steps"] for tag in tags if tag.get("max_global_steps") is not None]
+    if not versions:
+        return {}
+    staleness = np.asarray([(global_step - 1) - int(v) for v in versions], dtype=np.float64)
+    return {"mrtpo/staleness/mean": float(staleness.mean()), "mrtpo/staleness/max": float(staleness.max())}

@@ -1,4 +1,4 @@
-"""verl plugin entry point: importing this module registers ``mrtpo`` (estimator) and ``mrtpo_sync`` (v1 trainer).
+"""verl plugin entry point: importing this module registers ``mrtpo`` (estimator) and the ``mrtpo_<mode>`` v1 trainers.
 
 ``setup.py`` declares it in verl's ``verl.plugins`` entry-point group, which ``import verl``
 loads in every process (driver and Ray workers). verl 0.9.1 catches a plugin's import error and
@@ -33,7 +33,7 @@ def _register_placeholder(cause: BaseException) -> None:
 
 try:
     from mrtpo_verl import estimator as _estimator  # noqa: F401  (import registers "mrtpo")
-    from mrtpo_verl.trainer import mrtpo_trainer as _trainer  # noqa: F401  (registers trainer_mode "mrtpo_sync")
+    from mrtpo_verl.trainer import mrtpo_trainer as _trainer  # noqa: F401  (registers mrtpo_sync, mrtpo_colocate_async, mrtpo_separate_async)
 except Exception as error:  # verl would swallow it at debug level: make it loud instead.
     logger.error(
         "mrtpo-verl plugin failed to load; 'mrtpo' will raise when used:\n%s",

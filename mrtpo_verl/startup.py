@@ -8,10 +8,23 @@ from omegaconf import DictConfig, OmegaConf
 
 from mrtpo_verl.config import MRTPOConfig, MRTPOConfigError
 
-__all__ = ["OUR_TRAINER_MODE", "REWARD_DISPATCH_PATH", "known_reward_keys", "validate_run_config"]
+__all__ = ["OUR_TRAINER_MODE", "REWARD_DISPATCH_PATH", "TRAINER_MODES", "known_reward_keys", "validate_run_config"]
 
-#: The v1 trainer registered by :mod:`mrtpo_verl.trainer.mrtpo_trainer`.
+#: The v1 trainers registered by :mod:`mrtpo_verl.trainer.mrtpo_trainer` → the verl mode each extends.
+TRAINER_MODES = {
+    "mrtpo_sync": "sync",
+    "mrtpo_colocate_async": "colocate_async",
+    "mrtpo_separate_async": "separate_async",
+}
+#: The default (``mrtpo_trainer.yaml``).
 OUR_TRAINER_MODE = "mrtpo_sync"
+#: Why ``trainer.use_v1=false`` cannot run ``mrtpo`` (README: "The legacy trainer").
+LEGACY_TRAINER_REASON = (
+    "verl 0.9.1's legacy RayPPOTrainer runs rollout, rewards, old log-probs, ref and the advantage inside "
+    "one fit() method with no extension point before compute_advantage, and its compute_advantage hands a "
+    "custom estimator neither the batch nor the step; the MRTPO replay stage and the estimator's inputs "
+    "cannot be added without copying fit() or patching verl's module"
+)
 #: verl's custom-reward path of our verifiers.
 REWARD_DISPATCH_PATH = "pkg://reward_fns.dispatch"
 #: Estimators that need the reward components in the advantage step.
@@ -43,12 +56,15 @@ def validate_run_config(config: DictConfig) -> MRTPOConfig | None:
     if estimator not in MULTI_REWARD_ESTIMATORS:
         return None
     mrtpo = MRTPOConfig.from_block(config.mrtpo, known_reward_keys=known_reward_keys(config))
-    mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
-    if OmegaConf.select(config, "trainer.use_v1") and mode != OUR_TRAINER_MODE:
+    use_v1 = OmegaConf.select(config, "trainer.use_v1", default=True)
+    if not use_v1 and estimator == "mrtpo":
         raise MRTPOConfigError(
-            f"trainer.v1.trainer_mode: {mode!r} with adv_estimator={estimator} (allowed: {OUR_TRAINER_MODE}); "
-            "verl's own v1 trainers hand the advantage step no reward components"
+            f"trainer.use_v1: false with adv_estimator=mrtpo (allowed: true, with trainer.v1.trainer_mode one of "
+            f"{' | '.join(TRAINER_MODES)}); {LEGACY_TRAINER_REASON}. verl's own gdpo does run there"
         )
+    mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
+    if use_v1:
+        _check_trainer_mode(config, str(mode), estimator)
     n = OmegaConf.select(config, "actor_rollout_ref.rollout.n")
     if n is not None and int(n) < 2:
         raise MRTPOConfigError(
@@ -58,6 +74,46 @@ def validate_run_config(config: DictConfig) -> MRTPOConfig | None:
     if estimator == "mrtpo" and mrtpo.replay.placement == "colocated":
         _check_colocated_actor(config)
     return mrtpo
+
+
+def _check_trainer_mode(config: DictConfig, mode: str, estimator: str) -> None:
+    """One of our registered modes, and what that mode needs from the rest of the config."""
+    if mode not in TRAINER_MODES:
+        ours = f"mrtpo_{mode}"
+        hint = f"use {ours!r}: verl's {mode} with the MRTPO advantage step" if ours in TRAINER_MODES else ""
+        raise MRTPOConfigError(
+            f"trainer.v1.trainer_mode: {mode!r} with adv_estimator={estimator} (allowed: "
+            f"{' | '.join(TRAINER_MODES)}); verl's own v1 trainers hand the advantage step no reward components"
+            + (f" — {hint}" if hint else "")
+        )
+    if TRAINER_MODES[mode] != "separate_async":
+        return
+    block = f"trainer.v1.separate_async (trainer_mode={mode})"
+    sync_steps = int(OmegaConf.select(config, "trainer.v1.separate_async.parameter_sync_step", default=1))
+    batch = OmegaConf.select(config, "data.train_batch_size")
+    mini = OmegaConf.select(config, "actor_rollout_ref.actor.ppo_mini_batch_size")
+    if batch is not None and mini is not None and int(batch) != sync_steps * int(mini):
+        raise MRTPOConfigError(
+            f"{block}.parameter_sync_step: {sync_steps} with data.train_batch_size={batch} and "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} (allowed: train_batch_size = parameter_sync_step "
+            "× ppo_mini_batch_size, verl's rule); each mini-step's advantage is then computed over "
+            "train_batch_size / parameter_sync_step whole prompt groups"
+        )
+    backend = OmegaConf.select(config, "actor_rollout_ref.rollout.checkpoint_engine.backend")
+    if backend == "naive":
+        raise MRTPOConfigError(
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend: 'naive' with trainer_mode={mode} (allowed: nccl, "
+            "nixl, mooncake, …; verl's rule): the standalone rollout pool receives weights through a checkpoint engine"
+        )
+    if estimator == "mrtpo" and OmegaConf.select(config, "mrtpo.replay.placement") == "colocated":
+        # Not an error: state where the replay runs, since the rollout has its own pool in this mode.
+        import logging
+
+        logging.getLogger(__name__).info(
+            "mrtpo: trainer_mode=%s with mrtpo.replay.placement=colocated: the replay runs on the trainer's pool "
+            "(the actor's processes), not on the standalone rollout pool, with the weights of old_log_probs",
+            mode,
+        )
 
 
 #: Actor strategies whose engine the colocated replay can run in place.

@@ -1,253 +1,83 @@
-"""``trainer.v1.trainer_mode=mrtpo_sync``: verl 0.9.1's synchronous v1 trainer plus MRTPO's replay.
+"""MRTPO on each of verl 0.9.1's v1 trainer modes: ``trainer.v1.trainer_mode=mrtpo_<verl mode>``.
 
-Only the advantage step changes. verl's own ``_compute_advantage`` reads a fixed list of fields
-from TransferQueue and builds a ``non_tensor_batch`` holding ``uid`` alone, so neither verl's
-``gdpo`` nor ``mrtpo`` can see the reward components (``tests/trainer`` shows verl's fails for
-``gdpo``). Here, for ``gdpo`` and ``mrtpo``:
+=========================  =====================================  ==================================
+registered name            verl trainer it extends                verl config block it reads
+=========================  =====================================  ==================================
+``mrtpo_sync``             ``PPOTrainerSync`` (``sync``)          ``trainer.v1.sync``
+``mrtpo_colocate_async``   ``PPOTrainerColocateAsync``            ``trainer.v1.colocate_async``
+``mrtpo_separate_async``   ``PPOTrainerSeparateAsync``            ``trainer.v1.separate_async``
+=========================  =====================================  ==================================
 
-1. the reward components (and, for ``mrtpo``, the verifier information, prompts and responses)
-   are read from TransferQueue as well;
-2. ``mrtpo`` runs the replay stage (after rewards, old log-probs and ref, before the advantage)
-   and puts ``mrtpo_relevance`` (bs, K, L) in the batch;
-3. verl's own advantage path runs on that batch inside
-   :func:`mrtpo_verl.advantage_inputs.advantage_inputs`.
-
-Every other estimator goes to verl's method unchanged. The body of ``_compute_advantage`` below
-follows verl 0.9.1's ``PPOTrainer._compute_advantage`` step by step; the added lines are marked
-``# mrtpo:``. ``tests/trainer/test_verl_trainer_contract_on_cpu.py`` fails when that upstream
-method changes, so the copy cannot silently drift.
+Why one name per mode: verl's ``main_ppo`` picks the trainer class by ``trainer.v1.trainer_mode``
+alone, and its registry refuses to re-register ``sync`` & co., so a single name cannot follow the
+mode without patching verl's registry for every run in the process (GRPO runs included). The
+``mrtpo_`` prefix reads in a recipe as "verl's <mode>, with MRTPO's advantage step"; the rest of
+verl's configuration for that mode (``trainer.v1.<mode>``) is unchanged, because the classes report
+verl's mode name to verl's base class (:class:`~mrtpo_verl.trainer.advantage_step.MRTPOStep`).
+The advantage step itself is written once, in :mod:`mrtpo_verl.trainer.advantage_step`.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+import contextlib
+from collections.abc import Iterator
 
-import numpy as np
-import transfer_queue as tq
-from tensordict import TensorDict
-from transfer_queue import KVBatchMeta
-from verl.protocol import DataProto
-from verl.trainer.ppo.ray_trainer import apply_kl_penalty
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
-from verl.workers.utils.padding import response_to_nested
 
-from mrtpo_verl.advantage_inputs import advantage_inputs
-from mrtpo_verl.config import MRTPOConfig
-from mrtpo_verl.estimator import RELEVANCE_KEY
-from mrtpo_verl.ray_metrics import publish
-from mrtpo_verl.startup import MULTI_REWARD_ESTIMATORS, OUR_TRAINER_MODE, validate_run_config
-from mrtpo_verl.trainer.tq_fields import as_float_array, as_object_array
+from mrtpo_verl.trainer.advantage_step import MRTPOStep
 
-logger = logging.getLogger(__name__)
-
-#: verl 0.9.1's field list in ``PPOTrainer._compute_advantage``.
-VERL_ADVANTAGE_FIELDS = [
-    "uid",
-    "response_mask",
-    "rm_scores",
-    "rollout_log_probs",
-    "old_log_probs",
-    "ref_log_prob",
-    "values",
-]
+__all__ = ["TRAINER_CLASSES", "MRTPOColocateAsyncTrainer", "MRTPOSeparateAsyncTrainer", "MRTPOTrainer"]
 
 
-@register_trainer(OUR_TRAINER_MODE)
-class MRTPOTrainer(PPOTrainerSync):
+@register_trainer("mrtpo_sync")
+class MRTPOTrainer(MRTPOStep, PPOTrainerSync):
     """verl's ``sync`` v1 trainer with reward components in the advantage step and the MRTPO replay."""
 
-    #: Set by :meth:`attach_mrtpo` (called from ``on_init_end``); a replay stage for ``mrtpo``.
-    mrtpo_config: MRTPOConfig | None = None
-    replay_stage: Any = None
+    verl_mode = "sync"
 
-    def _init_resource_pool_mgr(self) -> None:
-        """verl's mapping, with the actor worker class that can also hand its weights to the replay."""
-        super()._init_resource_pool_mgr()
-        import ray
-        from verl.workers.engine_workers import ActorRolloutRefWorker
 
-        from mrtpo_verl.workers.actor_worker import MRTPOActorRolloutRefWorker
+@register_trainer("mrtpo_colocate_async")
+class MRTPOColocateAsyncTrainer(MRTPOStep, PPOTrainerColocateAsync):
+    """verl's ``colocate_async`` trainer (partial rollouts, weights pushed each step) with the MRTPO step."""
 
-        for role, worker in list(self.role_worker_mapping.items()):
-            if getattr(worker, "__ray_actor_class__", None) is ActorRolloutRefWorker:
-                self.role_worker_mapping[role] = ray.remote(MRTPOActorRolloutRefWorker)
+    verl_mode = "colocate_async"
 
-    def mrtpo_actor_state_dict(self) -> dict[str, Any]:
-        """The actor's current full weights (for the dedicated replay placement's weight sync)."""
-        weights = [w for w in self.actor_rollout_wg.mrtpo_state_dict() if w is not None]
-        if len(weights) != 1:
-            raise RuntimeError(f"mrtpo: expected the actor's weights from exactly one rank, got {len(weights)}")
-        return weights[0]
 
-    def on_init_end(self) -> None:
-        super().on_init_end()
-        self.attach_mrtpo()
+@register_trainer("mrtpo_separate_async")
+class MRTPOSeparateAsyncTrainer(MRTPOStep, PPOTrainerSeparateAsync):
+    """verl's ``separate_async`` trainer (standalone rollout pool, ``parameter_sync_step`` mini-batches per sync).
 
-    def attach_mrtpo(self, replay_stage: Any = None) -> None:
-        """Validate the ``mrtpo`` block and set up the replay stage (once the worker groups exist)."""
-        self.mrtpo_config = validate_run_config(self.config)
-        if self.mrtpo_config is not None and str(self.config.algorithm.adv_estimator) == "mrtpo":
-            if replay_stage is None:
-                from mrtpo_verl.trainer.replay_stage import build_replay_stage
+    verl computes ``old_log_probs`` of mini-batch ``i ≥ 1`` of a sync cycle with the weights the cycle
+    started from (π_old, parked on the CPU by ``DetachActorWorker.save_model_to_cpu(0)``), then puts
+    the current weights back. The replay runs inside the same swap, so it scores with π_old too.
+    """
 
-                replay_stage = build_replay_stage(self)
-            self.replay_stage = replay_stage
+    verl_mode = "separate_async"
 
-    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        estimator = str(self.config.algorithm.adv_estimator)
-        if estimator not in MULTI_REWARD_ESTIMATORS:
-            return super()._compute_advantage(batch, metrics)
-        if self.mrtpo_config is None:
-            self.attach_mrtpo()
-        assert self.mrtpo_config is not None
-        cfg = self.mrtpo_config
-
-        # Same fields as verl, plus what gdpo needs (prompts for its response-length arithmetic) and ours.
-        fields = [*VERL_ADVANTAGE_FIELDS, "prompts", "responses", "extra_fields", *cfg.reward_keys]  # mrtpo
-        if estimator == "mrtpo":
-            fields += [*cfg.verifier_info_keys, "raw_prompt"]  # mrtpo: replay inputs
-        first = tq.kv_batch_get(keys=batch.keys[:1], partition_id=batch.partition_id)  # mrtpo
-        available = set(first.keys()) | _reward_extra_keys(first)  # mrtpo
-        _require_fields(available, cfg, estimator)  # mrtpo: clear error before any replay
-        data = tq.kv_batch_get(
-            keys=batch.keys, partition_id=batch.partition_id, select_fields=[f for f in fields if f in available]
-        )
-
-        response_mask = data["response_mask"]
-        prompt_lengths = _prompt_lengths(data)  # mrtpo
-        non_tensor = _pop_non_tensor_fields(data, cfg, estimator)  # mrtpo: components and verifier info
-        data = DataProto(batch=data.to_padded_tensor(), non_tensor_batch=non_tensor)
-        data.batch["token_level_scores"] = data.batch["rm_scores"]
-        _add_full_attention_mask(data, prompt_lengths)  # mrtpo: gdpo reads prompts + attention_mask
-
-        if estimator == "mrtpo":  # mrtpo: the replay stage
-            relevance, replay_metrics = self.replay_stage.run(data, global_step=self.global_steps)
-            data.batch[RELEVANCE_KEY] = relevance
-            metrics.update(replay_metrics)
-            if cfg.dump_dir is not None:  # mrtpo: token-credit pictures of a real run
-                from mrtpo_verl.trainer.credit_dump import dump_step
-
-                dump_step(cfg.dump_dir, data, relevance, cfg, self.global_steps, self.tokenizer)
-
-        # 1. apply kl penalty to rewards
-        if self.config.algorithm.use_kl_in_reward:
-            data, kl_metrics = apply_kl_penalty(
-                data, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=self.config.algorithm.kl_penalty
-            )
-            metrics.update(kl_metrics)
-        else:
-            data.batch["token_level_rewards"] = data.batch["token_level_scores"]
-
-        # 2. rollout correction (decoupled mode only), as verl does
+    @contextlib.contextmanager
+    def _replay_weights(self) -> Iterator[None]:
         rollout_corr_config = self.config.algorithm.get("rollout_correction", None)
-        bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)
-        rollout_correction = (
-            rollout_corr_config is not None and "rollout_log_probs" in data.batch and not bypass_recomputing_logprobs
-        )
-        if rollout_correction:
-            data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)
-            metrics.update(is_metrics)
-
-        # 3. compute advantages (mrtpo: inside the context that hands the estimator its inputs)
-        with advantage_inputs(data, cfg, self.global_steps) as inputs:
-            data = compute_advantage_for_multi_trajectories(
-                data,
-                batch_keys=batch.keys,
-                adv_estimator=self.config.algorithm.adv_estimator,
-                gamma=self.config.algorithm.gamma,
-                lam=self.config.algorithm.lam,
-                num_repeat=self.config.actor_rollout_ref.rollout.n,
-                norm_adv_by_std_in_grpo=self.config.algorithm.get("norm_adv_by_std_in_grpo", True),
-                config=self.config.algorithm,
-            )
-        metrics.update(inputs.metrics)
-        publish(inputs.metrics, role="driver")  # mrtpo: β_s and weight maxima to the Ray dashboard too
-
-        # 4. write nested advantages and returns back to TransferQueue
-        out_fields = ["advantages", "returns"]
-        if self.config.algorithm.use_kl_in_reward:
-            out_fields.append("token_level_rewards")
-        if rollout_correction:
-            out_fields.append("response_mask")
-            if "rollout_is_weights" in data.batch:
-                out_fields.append("rollout_is_weights")
-        output = {field: response_to_nested(data.batch[field], response_mask) for field in out_fields}
-        return tq.kv_batch_put(
-            keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(output, batch_size=len(batch))
-        )
+        bypass = bool(rollout_corr_config and rollout_corr_config.get("bypass_mode", False))
+        if bypass or self.local_trigger_step == 0:
+            # Bypass: old_log_probs are the rollout's own, which no trainer weights reproduce; step 0: current = π_old.
+            yield
+            return
+        wg, step = self.actor_rollout_wg, self.local_trigger_step
+        wg.save_model_to_cpu(step)
+        wg.restore_model_from_cpu(0)
+        try:
+            yield
+        finally:
+            wg.restore_model_from_cpu(step)
+            wg.clear_cpu_model(step)
 
 
-def _require_fields(available: set[str], cfg: MRTPOConfig, estimator: str) -> None:
-    """Every configured reward key (and, for mrtpo, verifier-info key) must be in TransferQueue."""
-    needed = list(cfg.reward_keys) + (list(cfg.verifier_info_keys) if estimator == "mrtpo" else [])
-    missing = [key for key in needed if key not in available]
-    if missing:
-        raise KeyError(
-            f"mrtpo: the batch has no field(s) {missing} (reward function output); available: {sorted(available)}. "
-            "The reward function must return every mrtpo.reward_keys and mrtpo.verifier_info_keys entry"
-        )
-
-
-def _reward_extra_keys(first: TensorDict) -> set[str]:
-    """Reward-function outputs of the first sample kept in ``extra_fields["reward_extra_info"]``.
-
-    verl 0.9.1's agent loop (``verl/trainer/ppo/v1/agent_loop_tq.py``) stores the reward function's
-    extra keys per sample there rather than as top-level TransferQueue fields.
-    """
-    if "extra_fields" not in first.keys():  # noqa: SIM118  (TensorDict)
-        return set()
-    row = as_object_array(first["extra_fields"])[0] or {}
-    return set((row.get("reward_extra_info") or {}).keys())
-
-
-def _reward_output(data: TensorDict, extra: np.ndarray | None, key: str) -> Any:
-    """A reward-function output column: a top-level field, else each sample's ``reward_extra_info[key]``."""
-    if key in data.keys():  # noqa: SIM118  (TensorDict)
-        return data.pop(key)
-    if extra is None:
-        raise KeyError(f"mrtpo: no field {key!r} in the batch")
-    column = []
-    for row, fields in enumerate(extra):
-        info = (fields or {}).get("reward_extra_info") or {}
-        if key not in info:
-            raise KeyError(f"mrtpo: sample {row} has no reward output {key!r} (reward_extra_info: {sorted(info)})")
-        column.append(info[key])
-    return column
-
-
-def _pop_non_tensor_fields(data: TensorDict, cfg: MRTPOConfig, estimator: str) -> dict[str, np.ndarray]:
-    """Move uid, reward components, verifier info and raw prompts out of the TensorDict."""
-    non_tensor: dict[str, np.ndarray] = {"uid": as_object_array(data.pop("uid"))}
-    extra = as_object_array(data.pop("extra_fields")) if "extra_fields" in data.keys() else None  # noqa: SIM118
-    for key in cfg.reward_keys:
-        non_tensor[key] = as_float_array(_reward_output(data, extra, key), key)
-    if estimator == "mrtpo":
-        for key in cfg.verifier_info_keys:
-            non_tensor[key] = as_object_array(_reward_output(data, extra, key))
-        if "raw_prompt" in data.keys():  # noqa: SIM118  (TensorDict)
-            non_tensor["raw_prompt"] = as_object_array(data.pop("raw_prompt"))
-    return non_tensor
-
-
-def _prompt_lengths(data: TensorDict) -> Any:
-    """(bs,) prompt lengths from the nested ``prompts`` field, before it is padded."""
-    return data["prompts"].offsets().diff()
-
-
-def _add_full_attention_mask(data: DataProto, prompt_lengths: Any) -> None:
-    """``attention_mask`` over [prompt | response], prompts right-padded as ``to_padded_tensor`` leaves them.
-
-    verl's ``gdpo`` reads the response length as ``attention_mask[:, prompt_width:].sum() - 1``, and
-    the replay reads each prompt's own tokens from it; the layout is the one verl's
-    ``_compute_reward_colocate`` builds.
-    """
-    import torch
-
-    prompts = data.batch["prompts"]
-    positions = torch.arange(prompts.shape[1], device=prompts.device)
-    prompt_mask = (positions[None, :] < prompt_lengths.to(prompts.device)[:, None]).long()
-    data.batch["attention_mask"] = torch.cat([prompt_mask, data.batch["response_mask"].long()], dim=1)
+#: registered name → class; one entry per verl mode (checked against ``startup.TRAINER_MODES`` by the tests).
+TRAINER_CLASSES: dict[str, type[MRTPOStep]] = {
+    "mrtpo_sync": MRTPOTrainer,
+    "mrtpo_colocate_async": MRTPOColocateAsyncTrainer,
+    "mrtpo_separate_async": MRTPOSeparateAsyncTrainer,
+}

@@ -1,17 +1,22 @@
-"""The v1 trainer's advantage step on real TransferQueue data: verl's fails for gdpo, ours runs gdpo and mrtpo.
+"""The v1 trainers' advantage step on real TransferQueue data, for every registered mode.
 
-The batch (SmolLM2 answers to Spider questions, scored by our SQL verifier) is written to a real
-TransferQueue on a local Ray instance, in the layout verl's agent loop and reward loop leave it
-(nested prompt/response tensors, rm_scores, uid, and the reward function's extra keys). The
-trainers are real verl trainer classes; only their heavy ``__init__`` (worker groups, rollout
-servers, which need GPUs) is skipped by creating the objects with ``object.__new__`` and setting
-the attributes ``_compute_advantage`` reads.
+verl's own step fails for gdpo; ours (``mrtpo_sync``, ``mrtpo_colocate_async``,
+``mrtpo_separate_async``: one step, three verl bases) runs gdpo and mrtpo, reports per-reward
+figures and staleness, and stops on a split prompt group. The batch (SmolLM2 answers to Spider
+questions, scored by our SQL verifier) is written to a real TransferQueue on a local Ray instance,
+in the layout and under the keys verl's agent loop and reward loop leave it (nested prompt/response
+tensors, rm_scores, uid, ``{uid}_{session}_{index}`` keys with their tags, and the reward
+function's extra keys). The trainers are built by their real ``__init__`` (config, replay buffer);
+``init()`` (worker groups, rollout servers, which need GPUs) is not called.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import inspect
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -21,6 +26,8 @@ import transfer_queue as tq
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.trainer.ppo.v1 import get_trainer_cls
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
@@ -28,9 +35,12 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from mrtpo_verl.advantage_inputs import advantage_inputs
 from mrtpo_verl.estimator import RELEVANCE_KEY
-from mrtpo_verl.startup import validate_run_config
-from mrtpo_verl.trainer.mrtpo_trainer import MRTPOTrainer
-from mrtpo_verl.trainer.replay_stage import ReplayStage
+from mrtpo_verl.math.token_weights import beta_at_step
+from mrtpo_verl.startup import TRAINER_MODES, validate_run_config
+from mrtpo_verl.trainer.advantage_step import MRTPOStep
+from mrtpo_verl.trainer.group_completeness import IncompleteGroupError
+from mrtpo_verl.trainer.mrtpo_trainer import TRAINER_CLASSES, MRTPOSeparateAsyncTrainer
+from mrtpo_verl.trainer.replay_stage import NEEDED_KEY, ReplayStage
 from mrtpo_verl.workers.placement import InProcessBackend
 from tests.support.real_batch import INFO_KEYS, REWARD_KEYS, real_sql_batch, smollm2
 
@@ -40,8 +50,13 @@ pytestmark = pytest.mark.slow
 VERL_COMPUTE_ADVANTAGE_SHA256 = "2a4a2aa4a475b228d401959818e0b9019276ce27961c133961de217baa387da7"
 
 
-def run_config(estimator: str):
+MODES = sorted(TRAINER_CLASSES)
+GLOBAL_STEP = 5
+
+
+def run_config(estimator: str, mode: str = "mrtpo_sync"):
     overrides = [
+        f"trainer.v1.trainer_mode={mode}",
         f"algorithm.adv_estimator={estimator}",
         f"mrtpo.reward_keys=[{','.join(REWARD_KEYS)}]",
         f"mrtpo.verifier_info_keys=[{','.join(INFO_KEYS)}]",
@@ -49,6 +64,13 @@ def run_config(estimator: str):
         "mrtpo.replay.micro_batch_size=4",
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.temperature=1.0",
+        # separate_async's own rules (verl asserts them in __init__): 2 prompts = 2 mini-steps x 1 prompt.
+        "data.train_batch_size=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "trainer.v1.separate_async.parameter_sync_step=2",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
     ]
     with initialize_config_module(config_module="mrtpo_verl.configs", version_base=None):
         return compose(config_name="mrtpo_trainer", overrides=overrides)
@@ -68,9 +90,61 @@ def transfer_queue():
         ray.shutdown()
 
 
+@functools.cache
+def _generated_batch():
+    return real_sql_batch()
+
+
+def real_batch():
+    """The real batch (generated once per module: SmolLM2 generation takes most of a minute here), copied."""
+    return copy.deepcopy(_generated_batch())
+
+
+class ReplayOnce:
+    """The real in-process replay; an identical request (every mode sends the same one) is scored once.
+
+    The replay of this batch takes the better part of a minute on two shared cores; what differs
+    between the modes is the trainer step around it, which each test runs in full.
+    """
+
+    name = "in-process (memoised per request)"
+    answers: ClassVar[dict[str, object]] = {}
+
+    def __init__(self, cfg) -> None:
+        model, tokenizer = smollm2()
+        self.inner = InProcessBackend(cfg, model, tokenizer)
+
+    def compute_relevance(self, request):
+        digest = hashlib.sha256()
+        for key in ("prompts", "responses", "response_mask", NEEDED_KEY):
+            digest.update(request.batch[key].numpy().tobytes())
+        key = digest.hexdigest()
+        if key not in self.answers:
+            self.answers[key] = self.inner.compute_relevance(request)
+        return copy.deepcopy(self.answers[key])
+
+
+def session_keys(uids) -> list[str]:
+    """verl's trajectory keys ``{uid}_{session_id}_{index}``: session = position in the uid's group."""
+    seen: dict[str, int] = {}
+    keys = []
+    for uid in uids:
+        keys.append(f"{uid}_{seen.get(uid, 0)}_0")
+        seen[uid] = seen.get(uid, 0) + 1
+    return keys
+
+
+def trajectory_tags(count: int) -> list[dict]:
+    """The tags verl's agent loop writes; rows alternate between weight versions 3 and 4 (staleness 1 and 0)."""
+    return [
+        {"status": "success", "global_steps": 3, "min_global_steps": 3, "max_global_steps": 3 + i % 2}
+        for i in range(count)
+    ]
+
+
 def put_batch(partition: str):
     """Write the real batch to TransferQueue as verl's rollout + reward stages leave it; → KVBatchMeta."""
-    data = real_sql_batch()
+    data = real_batch()
     prompt_mask = data.batch["attention_mask"][:, : data.batch["prompts"].shape[1]].bool()
     response_mask = data.batch["response_mask"].bool()
 
@@ -98,14 +172,23 @@ def put_batch(partition: str):
         for i in range(len(data))
     ]
     fields["extra_fields"] = extra
-    keys = [f"{uid}_0_{i}" for i, uid in enumerate(data.non_tensor_batch["uid"])]
-    return tq.kv_batch_put(keys=keys, partition_id=partition, fields=tu.get_tensordict(fields)), data
+    keys = session_keys(data.non_tensor_batch["uid"])
+    tags = trajectory_tags(len(keys))
+    return tq.kv_batch_put(keys=keys, partition_id=partition, fields=tu.get_tensordict(fields), tags=tags), data
+
+
+def trainer_for(mode: str, estimator: str):
+    """The registered class, built by its real __init__ (no worker groups), at global step 5."""
+    trainer = get_trainer_cls(mode)(run_config(estimator, mode))
+    trainer.global_steps = GLOBAL_STEP
+    return trainer
 
 
 def bare_trainer(cls, estimator: str):
+    """verl's own trainer class without __init__ (which would start a replay buffer we do not need)."""
     trainer = object.__new__(cls)
     trainer.config = run_config(estimator)
-    trainer.global_steps = 5
+    trainer.global_steps = GLOBAL_STEP
     return trainer
 
 
@@ -128,43 +211,87 @@ def test_verls_own_v1_trainer_cannot_run_gdpo(transfer_queue) -> None:
         bare_trainer(PPOTrainerSync, "gdpo")._compute_advantage(meta, {})
 
 
-def test_our_trainer_runs_verls_gdpo_on_the_reward_components(transfer_queue) -> None:
-    meta, data = put_batch("our-gdpo")
-    trainer = bare_trainer(MRTPOTrainer, "gdpo")
-    trainer._compute_advantage(meta, {})
+def test_the_advantage_step_is_written_once_and_registered_per_mode() -> None:
+    assert {name: cls.verl_mode for name, cls in TRAINER_CLASSES.items()} == TRAINER_MODES
+    for name, cls in TRAINER_CLASSES.items():
+        assert get_trainer_cls(name) is cls
+        assert cls._compute_advantage is MRTPOStep._compute_advantage
+        # The verl class of the mode is the next base: every other stage is verl's.
+        assert cls.__mro__[2] is get_trainer_cls(cls.verl_mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_mode_behaves_as_the_verl_mode_it_extends(mode: str) -> None:
+    """verl branches on trainer_mode == "sync" and reads trainer.v1.<mode>: ours must read as verl's mode."""
+    trainer = get_trainer_cls(mode)(run_config("mrtpo", mode))
+    assert trainer.trainer_mode == TRAINER_MODES[mode] and trainer.registered_mode == mode
+    expected_buffer = ReplayBuffer if TRAINER_MODES[mode] == "sync" else ReplayBufferAsync
+    assert type(trainer.replay_buffer) is expected_buffer
+    assert trainer.parameter_sync_step == (2 if mode == "mrtpo_separate_async" else 1)
+
+
+def expected_reward_metrics(data) -> dict[str, float]:
+    """reward/<key>/... by hand with numpy; groups are the uids."""
+    uids = data.non_tensor_batch["uid"]
+    metrics = {}
+    for key in REWARD_KEYS:
+        values = np.asarray(data.non_tensor_batch[key], dtype=np.float64)
+        groups = [values[uids == uid] for uid in dict.fromkeys(uids)]
+        metrics |= {
+            f"reward/{key}/mean": values.mean(),
+            f"reward/{key}/std": values.std(),
+            f"reward/{key}/min": values.min(),
+            f"reward/{key}/max": values.max(),
+            f"reward/{key}/zero_variance_group_share": np.mean([float(np.ptp(g) == 0) for g in groups]),
+        }
+    return metrics
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_our_trainer_runs_verls_gdpo_on_the_reward_components(transfer_queue, mode: str) -> None:
+    meta, data = put_batch(f"our-gdpo-{mode}")
+    trainer = trainer_for(mode, "gdpo")
+    metrics: dict = {}
+    trainer._compute_advantage(meta, metrics)
     algo = omega_conf_to_dataclass(trainer.config.algorithm)
     expected = compute_advantage(data.slice(0, len(data)), adv_estimator="gdpo", config=algo).batch["advantages"]
     torch.testing.assert_close(advantages_in_queue(meta), expected, atol=1e-6, rtol=0)
+    for name, value in expected_reward_metrics(data).items():
+        assert metrics[name] == pytest.approx(value, abs=1e-9), name
+    # verl's staleness, (step - 1) - max_global_steps: rows of version 3 lag 1, rows of version 4 lag 0.
+    assert metrics["mrtpo/staleness/mean"] == pytest.approx(0.5) and metrics["mrtpo/staleness/max"] == 1.0
 
 
-def test_our_trainer_runs_the_replay_and_mrtpo(transfer_queue) -> None:
-    meta, data = put_batch("our-mrtpo")
-    trainer = bare_trainer(MRTPOTrainer, "mrtpo")
-    model, tokenizer = smollm2()
+@pytest.mark.parametrize("mode", MODES)
+def test_our_trainer_runs_the_replay_and_mrtpo(transfer_queue, mode: str) -> None:
+    meta, data = put_batch(f"our-mrtpo-{mode}")
+    trainer = trainer_for(mode, "mrtpo")
+    trainer.config.mrtpo.warmup_steps = 10  # β_s = β · smoothstep(5 / 10) = 0.25: the step's own global step
     cfg = validate_run_config(trainer.config)
     # In-process replay instead of a dedicated pool; the two are compared in test_two_node_replay_on_cpu.
-    trainer.attach_mrtpo(
-        replay_stage=ReplayStage(cfg, trainer.config.algorithm, InProcessBackend(cfg, model, tokenizer))
-    )
+    trainer.attach_mrtpo(replay_stage=ReplayStage(cfg, trainer.config.algorithm, ReplayOnce(cfg)))
     metrics: dict = {}
     trainer._compute_advantage(meta, metrics)
 
     # The same computation by hand: stage, then verl's compute_advantage in the context.
-    relevance, _ = trainer.replay_stage.run(data, global_step=5)
+    relevance, _ = trainer.replay_stage.run(data, global_step=GLOBAL_STEP)
     batch = data.slice(0, len(data))
     batch.batch[RELEVANCE_KEY] = relevance
     algo = omega_conf_to_dataclass(trainer.config.algorithm)
-    with advantage_inputs(batch, cfg, global_step=5):
+    with advantage_inputs(batch, cfg, global_step=GLOBAL_STEP):
         expected = compute_advantage(batch, adv_estimator="mrtpo", config=algo).batch["advantages"]
     torch.testing.assert_close(advantages_in_queue(meta), expected, atol=1e-6, rtol=0)
-    assert metrics["mrtpo/beta"] == 0.5
+    assert metrics["mrtpo/beta"] == beta_at_step(0.5, 10, GLOBAL_STEP) == 0.25
+    assert metrics["reward/sql_execution/mean"] == pytest.approx(
+        expected_reward_metrics(data)["reward/sql_execution/mean"]
+    )
     assert metrics["mrtpo/replay/forward_passes"] == len(data) * 3
     assert {"mrtpo/replay/time_s", "mrtpo/replay/skip_fraction", "mrtpo/replay/tokens_per_s"} <= set(metrics)
 
 
 def test_missing_reward_component_is_a_clear_error(transfer_queue) -> None:
     meta, _ = put_batch("missing-key")
-    trainer = bare_trainer(MRTPOTrainer, "gdpo")
+    trainer = trainer_for("mrtpo_sync", "gdpo")
     trainer.config.mrtpo.reward_keys = [*REWARD_KEYS, "sql_executability"]
     trainer.config.mrtpo.verifier_info_keys = [*INFO_KEYS, "sql_executability_info"]
     with pytest.raises(KeyError, match=r"no field\(s\) \['sql_executability'\]"):
@@ -173,6 +300,61 @@ def test_missing_reward_component_is_a_clear_error(transfer_queue) -> None:
 
 def test_other_estimators_use_verls_method_unchanged(transfer_queue) -> None:
     meta, _ = put_batch("grpo")
-    trainer = bare_trainer(MRTPOTrainer, "grpo")
+    trainer = trainer_for("mrtpo_sync", "grpo")
     trainer._compute_advantage(meta, {})
     assert np.isfinite(advantages_in_queue(meta).numpy()).all()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("estimator", ["gdpo", "mrtpo"])
+def test_a_split_group_from_verls_replay_buffer_stops_the_step(transfer_queue, mode: str, estimator: str) -> None:
+    """A finished prompt whose session left no trajectory (verl's agent loop on an empty output) is sampled
+    by verl's own replay buffer of the mode; the advantage step names the group instead of normalising it."""
+    data = real_batch()
+    partition = f"split-{mode}-{estimator}"
+    meta, _ = put_batch(partition)
+    missing = meta.keys[-1]  # the second group's session 1
+    tq.kv_clear(keys=[missing], partition_id=partition)
+    uids = list(dict.fromkeys(data.non_tensor_batch["uid"].tolist()))
+    prompt_tags = [{"is_prompt": True, "status": "finished", "global_steps": 4} for _ in uids]
+    tq.kv_batch_put(keys=uids, partition_id=partition, tags=prompt_tags)
+
+    trainer = trainer_for(mode, estimator)
+    trainer.attach_mrtpo(replay_stage=object())  # the step must stop before any replay
+    sampled, _ = trainer.replay_buffer.sample(global_steps=GLOBAL_STEP, partition_id=partition, batch_size=len(uids))
+    assert sorted(sampled.keys) == sorted(set(meta.keys) - {missing})  # verl hands the partial group over
+    uid = missing.rsplit("_", 2)[0]
+    with pytest.raises(IncompleteGroupError, match=rf"uid '{uid}': sessions \[0\] present, \[1\] missing"):
+        trainer._compute_advantage(sampled, {})
+
+
+class RecordingActorGroup:
+    """Stands in for the actor worker group (FSDP workers need the CPU trainer run); records the weight swaps."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def __getattr__(self, name: str):
+        return lambda n: self.calls.append((name, n))
+
+
+def test_separate_async_replays_with_the_weights_of_old_log_probs() -> None:
+    """Mini-step i ≥ 1 of a sync cycle: verl computes old_log_probs with π_old (CPU slot 0); so does the replay."""
+    trainer = trainer_for("mrtpo_separate_async", "mrtpo")
+    trainer.actor_rollout_wg = RecordingActorGroup()
+    trainer.local_trigger_step = 1
+    with trainer._replay_weights():
+        trainer.actor_rollout_wg.calls.append(("replay", 1))
+    assert trainer.actor_rollout_wg.calls == [
+        ("save_model_to_cpu", 1),
+        ("restore_model_from_cpu", 0),
+        ("replay", 1),
+        ("restore_model_from_cpu", 1),
+        ("clear_cpu_model", 1),
+    ]
+    trainer.actor_rollout_wg.calls.clear()
+    trainer.local_trigger_step = 0  # the cycle's first mini-step: the current weights are π_old
+    with trainer._replay_weights():
+        pass
+    assert trainer.actor_rollout_wg.calls == []
+    assert isinstance(trainer, MRTPOSeparateAsyncTrainer)

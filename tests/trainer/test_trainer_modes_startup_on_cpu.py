@@ -1,0 +1,109 @@
+"""Start-up validation per v1 trainer mode, the group-completeness rule and the per-reward figures (no Ray)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from mrtpo_verl.config import MRTPOConfigError
+from mrtpo_verl.metrics import reward_component_metrics, staleness_metrics
+from mrtpo_verl.ray_metrics import gauge_name_and_tags
+from mrtpo_verl.startup import TRAINER_MODES, validate_run_config
+from mrtpo_verl.trainer.group_completeness import IncompleteGroupError, check_whole_groups
+
+SEPARATE_ASYNC_OK = (
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "trainer.v1.separate_async.parameter_sync_step=4",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+)
+
+
+def config(*overrides: str, estimator: str = "mrtpo"):
+    base = [
+        f"algorithm.adv_estimator={estimator}",
+        "mrtpo.reward_keys=[a,b]",
+        "mrtpo.verifier_info_keys=[a_info,b_info]",
+        "actor_rollout_ref.rollout.n=4",
+    ]
+    with initialize_config_module(config_module="mrtpo_verl.configs", version_base=None):
+        return compose(config_name="mrtpo_trainer", overrides=[*base, *overrides])
+
+
+@pytest.mark.parametrize("mode", sorted(TRAINER_MODES))
+@pytest.mark.parametrize("estimator", ["mrtpo", "gdpo"])
+def test_every_registered_mode_is_accepted(mode: str, estimator: str) -> None:
+    extra = SEPARATE_ASYNC_OK if TRAINER_MODES[mode] == "separate_async" else ()
+    assert validate_run_config(config(f"trainer.v1.trainer_mode={mode}", *extra, estimator=estimator)) is not None
+
+
+@pytest.mark.parametrize("verl_mode", ["sync", "colocate_async", "separate_async"])
+def test_verls_own_mode_names_ours(verl_mode: str) -> None:
+    with pytest.raises(MRTPOConfigError, match=rf"trainer_mode: '{verl_mode}'.*use 'mrtpo_{verl_mode}'"):
+        validate_run_config(config(f"trainer.v1.trainer_mode={verl_mode}"))
+
+
+def test_separate_async_batch_rule_names_the_mode_and_the_numbers() -> None:
+    overrides = ("trainer.v1.trainer_mode=mrtpo_separate_async", *SEPARATE_ASYNC_OK[1:], "data.train_batch_size=6")
+    with pytest.raises(MRTPOConfigError, match=r"trainer_mode=mrtpo_separate_async.*parameter_sync_step: 4.*=6"):
+        validate_run_config(config(*overrides))
+
+
+def test_separate_async_needs_a_checkpoint_engine() -> None:
+    overrides = ("trainer.v1.trainer_mode=mrtpo_separate_async", *SEPARATE_ASYNC_OK[:3])
+    with pytest.raises(MRTPOConfigError, match=r"backend: 'naive' with trainer_mode=mrtpo_separate_async"):
+        validate_run_config(config(*overrides, "actor_rollout_ref.rollout.checkpoint_engine.backend=naive"))
+
+
+def test_the_legacy_trainer_is_refused_for_mrtpo_with_the_reason() -> None:
+    with pytest.raises(MRTPOConfigError, match=r"trainer.use_v1: false with adv_estimator=mrtpo.*without copying fit"):
+        validate_run_config(config("trainer.use_v1=false"))
+    # verl's own gdpo runs on the legacy trainer: not refused.
+    assert validate_run_config(config("trainer.use_v1=false", estimator="gdpo")) is not None
+
+
+def keys_of(groups: dict[str, list[int]]) -> list[str]:
+    return [f"{uid}_{session}_0" for uid, sessions in groups.items() for session in sessions]
+
+
+def test_whole_groups_pass_and_padding_is_not_a_group() -> None:
+    keys = [*keys_of({"u1": [0, 1, 2], "u2": [2, 0, 1]}), "padabc_0_0", "padabc_1_0"]
+    tags = [{}] * 6 + [{"is_padding": True}] * 2
+    check_whole_groups(keys, tags, n=3, mode="mrtpo_sync")
+
+
+def test_a_split_group_is_named() -> None:
+    keys = keys_of({"u1": [0, 1, 2], "u_2": [0, 2]})
+    with pytest.raises(IncompleteGroupError, match=r"1 of 2 .* mrtpo_colocate_async .*uid 'u_2': sessions \[0, 2\] "):
+        check_whole_groups(keys, [{}] * len(keys), n=3, mode="mrtpo_colocate_async")
+
+
+def test_a_session_beyond_rollout_n_is_named() -> None:
+    keys = keys_of({"u1": [0, 1, 2]})
+    with pytest.raises(IncompleteGroupError, match=r"\[2\] beyond rollout.n"):
+        check_whole_groups(keys, [{}] * 3, n=2, mode="mrtpo_sync")
+
+
+def test_reward_component_metrics_by_hand() -> None:
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0], [1.0, 2.0]])
+    index = np.array(["g0", "g0", "g1", "g1"], dtype=object)
+    metrics = reward_component_metrics(rewards, index, ("fmt", "exec"))
+    assert metrics["reward/fmt/mean"] == 0.75 and metrics["reward/exec/mean"] == 1.25
+    assert metrics["reward/fmt/std"] == pytest.approx(np.std([1, 1, 0, 1]))
+    assert (metrics["reward/fmt/min"], metrics["reward/fmt/max"]) == (0.0, 1.0)
+    # fmt is constant in g0 only; exec constant in g1 only.
+    assert metrics["reward/fmt/zero_variance_group_share"] == 0.5
+    assert metrics["reward/exec/zero_variance_group_share"] == 0.5
+    assert gauge_name_and_tags("reward/fmt/zero_variance_group_share") == (
+        "mrtpo_reward_zero_variance_group_share",
+        {"reward": "fmt"},
+    )
+
+
+def test_staleness_is_verls_formula_and_skips_padding() -> None:
+    # (step - 1) - max_global_steps: 9 - 7 = 2 and 9 - 9 = 0.
+    tags = [{"max_global_steps": 7}, {"max_global_steps": 9}, {"is_padding": True}]
+    assert staleness_metrics(tags, global_step=10) == {"mrtpo/staleness/mean": 1.0, "mrtpo/staleness/max": 2.0}
+    assert gauge_name_and_tags("mrtpo/staleness/mean") == ("mrtpo_staleness_mean", {})
