@@ -1,7 +1,8 @@
 """Tool-calling prompts in verl's RL parquet, from BFCL v4 as shipped in the ``bfcl-eval`` wheel.
 
-Categories: BFCL's single-turn Python ones (``simple_python``, ``multiple``, ``parallel``,
-``parallel_multiple``; ``--categories`` picks a subset), split at random per category
+Categories: BFCL's single-turn Python ones (default ``simple_python``, ``multiple``, ``parallel``,
+``parallel_multiple``; ``--categories`` picks others, the live ones ``live_simple``,
+``live_multiple``, ``live_parallel``, ``live_parallel_multiple`` included), split at random per category
 (``--test-fraction``), so both splits hold every category. ``data_source`` is
 ``bfcl/<category>``, so verl's validation metrics come out per category.
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from rl_parquet import argument_parser, random_split, rl_row, shuffled, write_splits
 
-from reward_fns.tool_calling.bfcl_data import PYTHON_AST_CATEGORIES, BfclItem, load_bfcl_category
+from reward_fns.tool_calling.bfcl_data import NON_LIVE_CATEGORIES, PYTHON_AST_CATEGORIES, BfclItem, load_bfcl_category
 from reward_fns.tool_calling.render import EXPECTED_FORMAT
 
 ABILITY = "tool_calling"
@@ -54,7 +55,7 @@ def to_row(item: BfclItem, category: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argument_parser("tool_calling", __doc__.splitlines()[0])
-    parser.add_argument("--categories", nargs="+", default=list(PYTHON_AST_CATEGORIES), choices=PYTHON_AST_CATEGORIES)
+    parser.add_argument("--categories", nargs="+", default=list(NON_LIVE_CATEGORIES), choices=PYTHON_AST_CATEGORIES)
     parser.add_argument("--test-fraction", type=float, default=0.2, help="share of each category held out")
     args = parser.parse_args()
 

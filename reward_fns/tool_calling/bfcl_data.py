@@ -14,10 +14,14 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 BFCL_DATA_PACKAGE = "bfcl_eval"
-# Single-turn categories with Python-typed answers. The Java and JavaScript
-# categories hold source-code strings ("new ArrayList<>()") that BFCL converts
+# Single-turn categories with Python-typed answers, BFCL v4's own and the user-contributed "live" ones.
+# The Java and JavaScript categories hold source-code strings ("new ArrayList<>()") that BFCL converts
 # with language-specific rules; this verifier does not implement those.
-PYTHON_AST_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple")
+NON_LIVE_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple")
+# Three live items have possible answers that no answer satisfies (BFCL's checker rejects all of
+# them too): the ground-truth reader refuses them, so preparing these needs --drop-unreadable.
+LIVE_CATEGORIES = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
+PYTHON_AST_CATEGORIES = NON_LIVE_CATEGORIES + LIVE_CATEGORIES
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,10 @@
 r"""Score model calls against reference calls: BFCL's AST-checker rules, made continuous.
 
-Value rules (re-stated from BFCL's checker, re-implemented here):
-
-* a value is correct when it has the schema's type (see ``schema_types``) and
-  equals one of the argument's acceptable values;
-* strings compare after ``normalize_string`` (case, whitespace and the
-  characters ``, . / - _ * ^`` are ignored; single quotes count as double);
-* numbers compare by value (``5 == 5.0``); booleans only equal booleans;
-* lists compare element by element, same length, same order;
-* a dict pattern ``{key: [acceptable values]}`` accepts a dict whose every key
-  is in the pattern with an acceptable value and that omits only keys marked
-  optional by ``""``.
+Whether one argument value is acceptable follows BFCL's checker in full (type rule with the
+possible answer's own type, string normalisation, dict patterns, list rules): see ``values``.
+An argument is *unexpected* when the reference does not list it or, when the function schema is
+known, the schema does not declare it; it is *missing* when the schema requires it or its
+acceptable values lack the optional marker ``""``.
 
 Continuous score of model call ``c`` against reference call ``r``, with
 ``P`` the argument names ``c`` gives, ``A`` those ``r`` knows, ``M ⊆ A`` the
@@ -35,13 +29,21 @@ reference calls, the best one-to-one assignment (Hungarian algorithm) gives::
 so unmatched (missing or surplus) calls count 0. The score lies in [0, 1] and is
 1 exactly when every reference call is matched by one model call with the right
 name, no unknown or missing arguments and only acceptable values: the
-acceptance condition of BFCL's AST checker.
+acceptance condition of BFCL's AST checker, with two differences, both deliberate:
+
+* parallel calls are matched by the best one-to-one assignment, where BFCL takes,
+  for each expected call in turn, the first model call it accepts. Greedy matching
+  can reject a set of calls that has a perfect matching (an early expected call
+  takes the model call a later one needed); the assignment never does, and is
+  invariant to the order of the calls;
+* a name matches when equal once ``.`` is written as ``_`` (serving stacks that
+  forbid dots rename ``math.sqrt`` to ``math_sqrt``; BFCL does the same renaming
+  per model).
 """
 
 from __future__ import annotations
 
 import math
-import re
 import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,70 +53,13 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
 
 from reward_fns.tool_calling.parse import ToolCall
-from reward_fns.tool_calling.reference import OPTIONAL_MARKER, ReferenceCall, ToolCallingReference
-from reward_fns.tool_calling.schema_types import conforms_to_schema
+from reward_fns.tool_calling.reference import ReferenceCall, ToolCallingReference
+from reward_fns.tool_calling.values import normalize_string, value_problem
 
-_IGNORED_STRING_CHARACTERS = re.compile(r"[\s,./\-_*^]")
+__all__ = ["CallScore", "CallSetScore", "names_match", "normalize_string", "score_call", "score_calls"]
+
 _SHORT_REPR = reprlib.Repr()  # Python 3.11's Repr takes no keyword arguments.
 _SHORT_REPR.maxlevel, _SHORT_REPR.maxlist, _SHORT_REPR.maxdict, _SHORT_REPR.maxstring = 3, 4, 4, 60
-
-
-def normalize_string(text: str) -> str:
-    """Case-fold and drop the characters BFCL ignores when comparing strings.
-
-    Args:
-        text: a string argument value.
-
-    Returns:
-        Lower-cased text without whitespace or ``, . / - _ * ^``, single quotes as double.
-    """
-    return _IGNORED_STRING_CHARACTERS.sub("", text).lower().replace("'", '"')
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _matches_dict_pattern(value: Any, pattern: Mapping[str, Sequence[Any]]) -> bool:
-    """Every given key known and acceptable; every omitted key optional."""
-    if not isinstance(value, dict):
-        return False
-    for key, item in value.items():
-        if key not in pattern or not is_acceptable(item, pattern[key]):
-            return False
-    return all(OPTIONAL_MARKER in alternatives for key, alternatives in pattern.items() if key not in value)
-
-
-def matches_acceptable_value(value: Any, acceptable: Any) -> bool:
-    """Whether a model value equals one acceptable value under BFCL's comparison rules.
-
-    Args:
-        value: the model's value (JSON data).
-        acceptable: one acceptable value; a dict is a pattern, a list a literal.
-
-    Returns:
-        True when they match.
-    """
-    if isinstance(acceptable, Mapping):
-        return _matches_dict_pattern(value, acceptable)
-    if isinstance(acceptable, list):
-        return (
-            isinstance(value, list)
-            and len(value) == len(acceptable)
-            and all(matches_acceptable_value(item, expected) for item, expected in zip(value, acceptable, strict=True))
-        )
-    if isinstance(acceptable, str):
-        return isinstance(value, str) and normalize_string(value) == normalize_string(acceptable)
-    if isinstance(acceptable, bool):
-        return isinstance(value, bool) and value == acceptable
-    if _is_number(acceptable):
-        return _is_number(value) and value == acceptable
-    return bool(value is None and acceptable is None)
-
-
-def is_acceptable(value: Any, alternatives: Sequence[Any]) -> bool:
-    """Whether a value matches any of an argument's acceptable values."""
-    return any(matches_acceptable_value(value, alternative) for alternative in alternatives)
 
 
 def names_match(model_name: str, reference_name: str) -> bool:
@@ -167,6 +112,8 @@ def score_call(call: ToolCall, reference: ReferenceCall, properties: Mapping[str
     """
     given = set(call.arguments)
     known = set(reference.acceptable_values)
+    if properties:  # BFCL: an argument the schema does not declare is unexpected too
+        known &= set(properties)
     hits, missing, extra = given & known, reference.mandatory - given, given - known
     name_matches = names_match(call.name, reference.name)
     problems = [] if name_matches else [f"called {call.name!r} instead of {reference.name!r}"]
@@ -175,9 +122,10 @@ def score_call(call: ToolCall, reference: ReferenceCall, properties: Mapping[str
     correct = 0
     for argument in sorted(hits):
         value = call.arguments[argument]
-        if not conforms_to_schema(value, properties.get(argument, {})):
+        problem = value_problem(value, reference.acceptable_values[argument], properties.get(argument))
+        if problem == "wrong type":
             problems.append(f"{reference.name}.{argument}: wrong type {type(value).__name__}")
-        elif not is_acceptable(value, reference.acceptable_values[argument]):
+        elif problem is not None:
             problems.append(f"{reference.name}.{argument}: wrong value {_short(value)}")
         else:
             correct += 1

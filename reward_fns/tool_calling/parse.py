@@ -25,13 +25,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _OPEN_TAG = "<tool_call>"
 _CLOSE_TAG = "</tool_call>"
 # Reasoning may mention tags it does not mean; only the answer after it counts.
-_THINK_SECTION = re.compile(r"<think>.*?</think>", re.DOTALL)
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _CODE_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
 _ARGUMENT_KEYS = ("arguments", "parameters")
+MAX_CALLS = 128
+"""Most calls one response may make; more is malformed (scoring is quadratic in the calls)."""
 
 
 class ToolCallFormatError(ValueError):
@@ -206,6 +207,38 @@ def _parse_block(content: str, index: int) -> list[ToolCall]:
             raise ToolCallFormatError(f"{json_error}; read as Python: {python_error}") from None
 
 
+def _without_think_sections(text: str) -> str:
+    """Drop every ``<think>...</think>`` section (and nothing of an unclosed one).
+
+    A scan with ``str.find``, not a lazy regex: ``<think>`` repeated without a close would make
+    the regex quadratic (seconds on a 256 KiB response).
+    """
+    kept, position = [], 0
+    while (start := text.find(_THINK_OPEN, position)) != -1:
+        end = text.find(_THINK_CLOSE, start + len(_THINK_OPEN))
+        if end == -1:
+            break
+        kept.append(text[position:start])
+        position = end + len(_THINK_CLOSE)
+    kept.append(text[position:])
+    return "".join(kept)
+
+
+def _tool_call_blocks(text: str) -> list[str]:
+    """The contents of the ``<tool_call>`` blocks, in linear time; unbalanced or nested tags are an error."""
+    blocks, position = [], 0
+    while (start := text.find(_OPEN_TAG, position)) != -1:
+        content_start = start + len(_OPEN_TAG)
+        end = text.find(_CLOSE_TAG, content_start)
+        if end == -1 or _OPEN_TAG in text[content_start:end]:
+            raise ToolCallFormatError("unbalanced <tool_call> ... </tool_call> tags")
+        blocks.append(text[content_start:end])
+        position = end + len(_CLOSE_TAG)
+    if text.count(_CLOSE_TAG) != len(blocks):
+        raise ToolCallFormatError("unbalanced <tool_call> ... </tool_call> tags")
+    return blocks
+
+
 def _parse_calls(text: str) -> list[ToolCall]:
     """All calls of a response with its reasoning already removed."""
     if _OPEN_TAG not in text and _CLOSE_TAG not in text:
@@ -213,9 +246,7 @@ def _parse_calls(text: str) -> list[ToolCall]:
             return parse_python_calls(text)
         except ToolCallFormatError as error:
             raise ToolCallFormatError(f"no <tool_call> block, and not a Python call list: {error}") from None
-    blocks = _TOOL_CALL_BLOCK.findall(text)
-    if text.count(_OPEN_TAG) != len(blocks) or text.count(_CLOSE_TAG) != len(blocks):
-        raise ToolCallFormatError("unbalanced <tool_call> ... </tool_call> tags")
+    blocks = _tool_call_blocks(text)
     calls: list[ToolCall] = []
     for index, content in enumerate(blocks, start=1):
         calls.extend(_parse_block(content, index))
@@ -231,16 +262,18 @@ def parse_response(response: Any) -> ParsedResponse:
     Returns:
         The calls, or an error saying why the response is not a well-formed
         tool call (no block, bad JSON, missing name, arguments not an object,
-        non-literal Python, no call at all).
+        non-literal Python, no call at all, more than ``MAX_CALLS`` calls).
     """
     if not isinstance(response, str):
         return ParsedResponse(error=f"response is a {type(response).__name__}, not text")
     try:
-        calls = _parse_calls(_THINK_SECTION.sub("", response))
+        calls = _parse_calls(_without_think_sections(response))
     except ToolCallFormatError as error:
         return ParsedResponse(error=str(error))
     except RecursionError:
         return ParsedResponse(error="the response is nested too deeply to read")
     if not calls:
         return ParsedResponse(error="the response holds no tool call")
+    if len(calls) > MAX_CALLS:
+        return ParsedResponse(error=f"the response makes {len(calls)} calls, more than {MAX_CALLS}")
     return ParsedResponse(calls=tuple(calls))

@@ -11,14 +11,18 @@ Accepted ``ground_truth`` (a dict, or the same as a JSON string):
   "parameters": <JSON schema>}``, optionally wrapped as ``{"type": "function",
   "function": {...}}``). ``answers`` are BFCL possible-answer entries: one
   expected call each, mapping every argument to its list of acceptable values;
-  ``""`` in that list marks the argument optional. A dict among the acceptable
-  values is itself a pattern ``{key: [acceptable values]}``; a list is a literal
-  whose dict elements are patterns.
+  ``""`` in that list marks the argument optional. For an argument of type dict,
+  a dict among the acceptable values is a pattern ``{key: [acceptable values]}``
+  whose alternatives are literals (a nested dict is compared as it is, as in
+  BFCL's live_multiple_121-46-0); for an array of dicts, each dict of an
+  acceptable list is such a pattern. The value rules are in ``values``.
 * Exact reference calls (ToolRL style): ``{"functions": [...], "calls": [{"name":
   ..., "arguments": {...}}]}``, a bare list of such calls, or a string holding
-  ``<tool_call>`` blocks. Each exact value becomes the single acceptable value.
+  ``<tool_call>`` blocks. Each exact value becomes the single acceptable value
+  (a dict value of a dict argument becomes the pattern ``{key: [value]}``).
 
-``functions`` is optional; without it no type rules apply. Anything else is an
+``functions`` is optional; without it each argument takes the type of its
+acceptable value. Anything else is an
 error that names the problem.
 """
 
@@ -31,8 +35,8 @@ from typing import Any
 
 from reward_fns.tool_calling.parse import ToolCall, parse_response
 from reward_fns.tool_calling.schema_types import validate_schema_types
+from reward_fns.tool_calling.values import OPTIONAL_MARKER, acceptable_instance, expected_types
 
-OPTIONAL_MARKER = ""
 _GROUND_TRUTH_KEYS = frozenset({"functions", "answers", "calls"})
 
 
@@ -110,19 +114,6 @@ def _function_schema(doc: Any, index: int) -> FunctionSchema:
     return FunctionSchema(name=name, properties=dict(properties), required=frozenset(required))
 
 
-def _check_pattern(value: Any, where: str) -> None:
-    """Dicts among acceptable values must map every key to a list of alternatives."""
-    if isinstance(value, Mapping):
-        for key, alternatives in value.items():
-            if not isinstance(alternatives, list):
-                raise ValueError(f"{where}.{key}: nested acceptable values must be a list, got {alternatives!r}")
-            for alternative in alternatives:
-                _check_pattern(alternative, f"{where}.{key}")
-    elif isinstance(value, list):
-        for item in value:
-            _check_pattern(item, f"{where}[]")
-
-
 def _acceptable_values_from_answer(answer: Any, index: int) -> tuple[str, dict[str, tuple[Any, ...]]]:
     """Read one BFCL possible-answer entry ``{function: {argument: [acceptable values]}}``."""
     if not isinstance(answer, Mapping) or len(answer) != 1:
@@ -134,18 +125,18 @@ def _acceptable_values_from_answer(answer: Any, index: int) -> tuple[str, dict[s
     for argument, alternatives in arguments.items():
         if not isinstance(alternatives, list) or not alternatives:
             raise ValueError(f"{name}.{argument}: acceptable values must be a non-empty list, got {alternatives!r}")
-        for alternative in alternatives:
-            _check_pattern(alternative, f"{name}.{argument}")
         acceptable[argument] = tuple(alternatives)
     return name, acceptable
 
 
-def _exact_value_as_pattern(value: Any) -> Any:
-    """An exact value in BFCL pattern form: dict values become one-element alternative lists."""
-    if isinstance(value, Mapping):
-        return {key: [_exact_value_as_pattern(item)] for key, item in value.items()}
-    if isinstance(value, list):
-        return [_exact_value_as_pattern(item) for item in value]
+def _exact_value_as_pattern(value: Any, schema: Mapping[str, Any] | None) -> Any:
+    """An exact value in BFCL's acceptable-value form: patterns where the argument's type reads them."""
+    expected = expected_types(schema)[0]
+    outer = expected.outer if expected.outer is not None else type(value)
+    if outer is dict and isinstance(value, Mapping):
+        return {key: [item] for key, item in value.items()}
+    if outer is list and expected.item is dict and isinstance(value, list):
+        return [{key: [item] for key, item in v.items()} if isinstance(v, Mapping) else v for v in value]
     return value
 
 
@@ -160,7 +151,7 @@ def _acceptable_values_from_exact_call(call: Any, index: int) -> tuple[str, dict
         raise ValueError(f"ground_truth calls[{index}] must be an object with a string 'name'")
     if not isinstance(arguments, Mapping):
         raise ValueError(f"ground_truth calls[{index}] ({name}): arguments must be an object")
-    return name, {argument: (_exact_value_as_pattern(value),) for argument, value in arguments.items()}
+    return name, {argument: (value,) for argument, value in arguments.items()}
 
 
 def _decode(ground_truth: Any) -> Any:
@@ -176,8 +167,33 @@ def _decode(ground_truth: Any) -> Any:
         return list(parsed.calls)
 
 
-def _reference_call(name: str, acceptable: dict[str, tuple[Any, ...]], schema: FunctionSchema | None) -> ReferenceCall:
+def _check_dict_patterns(name: str, acceptable: Mapping[str, tuple[Any, ...]], schema: FunctionSchema | None) -> None:
+    """A dict pattern of a dict argument maps every key to a list of alternatives (else nothing matches it)."""
+    for argument, alternatives in acceptable.items():
+        expected = expected_types(schema.properties.get(argument) if schema else None)[0]
+        if expected.outer is not dict:
+            continue
+        for pattern in alternatives:
+            bad = (
+                [key for key, items in pattern.items() if not isinstance(items, list)]
+                if isinstance(pattern, Mapping)
+                else []
+            )
+            if bad:
+                raise ValueError(f"{name}.{argument}: dict pattern keys {bad} must map to lists of acceptable values")
+
+
+def _reference_call(
+    name: str, acceptable: dict[str, tuple[Any, ...]], schema: FunctionSchema | None, exact: bool
+) -> ReferenceCall:
     """Combine acceptable values with the schema's required list into the mandatory set."""
+    if exact:
+        properties = schema.properties if schema else {}
+        acceptable = {
+            argument: tuple(_exact_value_as_pattern(value, properties.get(argument)) for value in values)
+            for argument, values in acceptable.items()
+        }
+    _check_dict_patterns(name, acceptable, schema)
     mandatory = {argument for argument, values in acceptable.items() if OPTIONAL_MARKER not in values}
     if schema is not None:
         unanswerable = schema.required - acceptable.keys()
@@ -225,31 +241,18 @@ def parse_ground_truth(ground_truth: Any) -> ToolCallingReference:
         schema = reference.schema_for(name)
         if functions and schema is None:
             raise ValueError(f"reference call {name!r} is not among the functions {[f.name for f in functions]}")
-        calls.append(_reference_call(name, acceptable, schema))
+        calls.append(_reference_call(name, acceptable, schema, exact="calls" in data))
     return ToolCallingReference(functions=functions, calls=tuple(calls))
 
 
-def _first_acceptable_value(pattern: Any) -> Any:
-    """A concrete value for a pattern: first alternative of every key, optional keys left out."""
-    if isinstance(pattern, Mapping):
-        return {
-            key: _first_acceptable_value(alternatives[0])
-            for key, alternatives in pattern.items()
-            if OPTIONAL_MARKER not in alternatives
-        }
-    if isinstance(pattern, list):
-        return [_first_acceptable_value(item) for item in pattern]
-    return pattern
-
-
-def _gold_arguments(call: ReferenceCall) -> dict[str, Any]:
-    """Mandatory arguments with their first concrete value."""
+def _gold_arguments(call: ReferenceCall, schema: FunctionSchema | None) -> dict[str, Any]:
+    """Mandatory arguments with their first concrete acceptable value."""
+    properties = schema.properties if schema else {}
     arguments = {}
     for argument, values in call.acceptable_values.items():
         # BFCL sometimes lists "" first even for an argument its schema requires.
-        concrete = [value for value in values if value != OPTIONAL_MARKER]
-        if argument in call.mandatory and concrete:
-            arguments[argument] = _first_acceptable_value(concrete[0])
+        if argument in call.mandatory and any(value != OPTIONAL_MARKER for value in values):
+            arguments[argument] = acceptable_instance(values, properties.get(argument))
     return arguments
 
 
@@ -262,4 +265,7 @@ def gold_calls(reference: ToolCallingReference) -> list[ToolCall]:
     Returns:
         One call per reference call, in reference order.
     """
-    return [ToolCall(name=call.name, arguments=_gold_arguments(call)) for call in reference.calls]
+    return [
+        ToolCall(name=call.name, arguments=_gold_arguments(call, reference.schema_for(call.name)))
+        for call in reference.calls
+    ]

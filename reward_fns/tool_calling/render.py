@@ -45,19 +45,23 @@ def render_python_call_list(calls: Sequence[ToolCall]) -> str:
     return f"[{', '.join(rendered)}]"
 
 
+def _literal(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=repr)
+
+
 def _render_value(value: Any) -> str:
-    """A compact acceptable value: patterns as ``{key: a | b}``, literals as JSON."""
-    if isinstance(value, Mapping):
-        entries = (f"{json.dumps(key)}: {_render_alternatives(items)}" for key, items in value.items())
+    """An acceptable value: a dict pattern as ``{key: a | b}`` (its alternatives literal JSON), else JSON."""
+    if isinstance(value, Mapping) and all(isinstance(items, list) for items in value.values()):
+        entries = (f"{_literal(key)}: {_render_alternatives(items, _literal)}" for key, items in value.items())
         return "{" + ", ".join(entries) + "}"
     if isinstance(value, list):
         return "[" + ", ".join(_render_value(item) for item in value) + "]"
-    return json.dumps(value, ensure_ascii=False)
+    return _literal(value)
 
 
-def _render_alternatives(alternatives: Sequence[Any]) -> str:
+def _render_alternatives(alternatives: Sequence[Any], render: Any = _render_value) -> str:
     """``a | b``, with ``(optional)`` when ``""`` is among them."""
-    shown = " | ".join(_render_value(value) for value in alternatives if value != OPTIONAL_MARKER)
+    shown = " | ".join(render(value) for value in alternatives if value != OPTIONAL_MARKER)
     if OPTIONAL_MARKER in alternatives:
         return f"{shown} (optional)" if shown else "(optional)"
     return shown

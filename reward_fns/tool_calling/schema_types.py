@@ -2,7 +2,8 @@
 
 BFCL writes its schemas with Python-flavoured type names (``dict``, ``float``,
 ``tuple``, ``any``); plain JSON Schema uses ``object`` and ``number``. Both map
-onto one small set of canonical kinds here.
+onto one small set of canonical kinds here; ``values`` applies BFCL's type rule
+to them.
 """
 
 from __future__ import annotations
@@ -89,53 +90,3 @@ def validate_schema_types(schema: Mapping[str, Any], where: str) -> None:
         validate_schema_types(property_schema, f"{where}.{property_name}")
     if isinstance(schema.get("items"), Mapping):
         validate_schema_types(schema["items"], f"{where}[]")
-
-
-def _is_number(value: Any) -> bool:
-    # bool is a subclass of int in Python, but True is not a number argument.
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _conforms_to_kind(value: Any, kind: str, schema: Mapping[str, Any]) -> bool:
-    """Whether ``value`` has the canonical ``kind``, checking nested items and properties."""
-    if kind == "any":
-        return True
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "float":
-        # BFCL accepts an integer literal where a float is expected (5 for 5.0).
-        return _is_number(value)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "null":
-        return value is None
-    if kind == "array":
-        item_schema = schema.get("items")
-        if not isinstance(value, list):
-            return False
-        return not isinstance(item_schema, Mapping) or all(conforms_to_schema(item, item_schema) for item in value)
-    # kind == "dict": keys without a declared schema are left to the value check.
-    if not isinstance(value, dict):
-        return False
-    properties = schema.get("properties") or {}
-    return all(conforms_to_schema(item, properties[key]) for key, item in value.items() if key in properties)
-
-
-def conforms_to_schema(value: Any, schema: Mapping[str, Any]) -> bool:
-    """Whether an argument value has the type its JSON schema declares.
-
-    Rules (BFCL's, re-stated): integers are accepted where a float is expected;
-    booleans are never numbers; arrays and tuples are JSON lists whose items
-    must match ``items``; dicts must be objects whose declared ``properties``
-    match; ``any`` (or no type) accepts everything; a list of types is a union.
-
-    Args:
-        value: the argument value as parsed from the model's response.
-        schema: the argument's JSON-schema node (``{}`` accepts anything).
-
-    Returns:
-        True when the value conforms.
-    """
-    return any(_conforms_to_kind(value, canonical_kind(name), schema) for name in _type_names(schema))

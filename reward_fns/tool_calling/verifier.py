@@ -11,6 +11,7 @@ from reward_fns.tool_calling.render import EXPECTED_FORMAT, render_reference
 from reward_fns.total import total_over_responses
 
 REWARD_KEYS: tuple[str, ...] = ("tool_format", "tool_correctness")
+_PROBLEMS_SHOWN = 20  # the info string goes into a replay prompt: keep it short
 
 
 @total_over_responses("tool_calling")
@@ -62,7 +63,9 @@ def compute_score(
         call_set_score = score_calls(parsed.calls, reference)
         tool_format, tool_correctness = 1.0, call_set_score.correctness
         format_info = EXPECTED_FORMAT
-        problems = "; ".join(call_set_score.problems)
+        shown = call_set_score.problems[:_PROBLEMS_SHOWN]
+        hidden = len(call_set_score.problems) - len(shown)
+        problems = "; ".join(shown) + (f"; ... and {hidden} more" if hidden else "")
         correctness_info = f"{reference_text}\nProblems: {problems}" if problems else reference_text
     return {
         "score": (tool_format + tool_correctness) / 2,

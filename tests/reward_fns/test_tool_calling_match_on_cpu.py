@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reward_fns.tool_calling.match import matches_acceptable_value, normalize_string, score_call, score_calls
+from reward_fns.tool_calling.match import normalize_string, score_call, score_calls
 from reward_fns.tool_calling.parse import ToolCall
 from reward_fns.tool_calling.reference import parse_ground_truth
-from reward_fns.tool_calling.schema_types import conforms_to_schema
+from reward_fns.tool_calling.values import value_problem
 
 AREA_REFERENCE = parse_ground_truth(
     {
@@ -72,53 +72,74 @@ def test_bfcl_lenient_rules_still_give_full_marks() -> None:
 
 def test_booleans_are_not_numbers() -> None:
     assert _area_score({"base": True, "height": 5.0, "shape": "triangle"}) < 1.0
-    assert not matches_acceptable_value(True, 1)
-    assert not matches_acceptable_value(1, True)
-    assert not conforms_to_schema(True, {"type": "integer"})
-    assert not conforms_to_schema(False, {"type": "float"})
+    assert value_problem(True, [1], {"type": "integer"}) == "wrong type"
+    assert value_problem(1, [True], {"type": "boolean"}) == "wrong type"
+    assert value_problem(False, [0.0], {"type": "float"}) == "wrong type"
+
+
+FLOATS = {"type": "array", "items": {"type": "float"}}
+DICTS = {"type": "array", "items": {"type": "dict"}}
+EGO = {"type": "dict", "properties": {"position": {"type": "dict"}, "orientation": {"type": "float"}}}
+EGO_ANSWER = {"position": [{"lateral": 10.5, "longitudinal": 50}], "orientation": [30]}
 
 
 @pytest.mark.parametrize(
-    ("value", "schema", "conforms"),
+    ("value", "acceptable", "schema", "problem"),
     [
-        (5, {"type": "float"}, True),
-        (5.5, {"type": "integer"}, False),
-        ([1, 2.5], {"type": "array", "items": {"type": "float"}}, True),
-        ([1, "2"], {"type": "array", "items": {"type": "integer"}}, False),
-        ([[1, 2]], {"type": "tuple", "items": {"type": "array"}}, True),
-        ({"min": 1}, {"type": "dict", "properties": {"min": {"type": "integer"}}}, True),
-        ({"min": "1"}, {"type": "dict", "properties": {"min": {"type": "integer"}}}, False),
-        ({"other": "x"}, {"type": "object", "properties": {"min": {"type": "integer"}}}, True),
-        ("anything", {"type": "any"}, True),
-        ("anything", {}, True),
-        (None, {"type": ["string", "null"]}, True),
-        ("x", {"type": "String"}, True),
+        # Numbers: an int where a float is declared is converted first; never a float for an int.
+        (5, [5.0], {"type": "float"}, None),
+        (5.5, [5], {"type": "integer"}, "wrong type"),
+        (5.0, [5], {"type": "integer"}, "wrong type"),
+        # Array items: only one level is checked, exactly (an int item is not a float item).
+        ([1.0, 2.5], [[1.0, 2.5]], FLOATS, None),
+        ([1, 2.5], [[1.0, 2.5]], FLOATS, "wrong type"),
+        ([1, 2.5], [[1, 2.5]], FLOATS, None),  # items of the answer's own item type
+        ([1, 2.5], ["", [1.0, 2.5]], FLOATS, None),  # "" first skips the item check; then 1 == 1.0
+        # The possible answer's own type is accepted where the schema declares another (a "variable"),
+        # and then compared exactly, without string normalisation.
+        ("data['sales']", ["data['sales']"], FLOATS, None),
+        ("DATA['sales']", ["data['sales']"], FLOATS, "wrong value"),
+        (True, [True], {"type": "string"}, None),
+        (5, [5], {"type": "any"}, None),
+        ([1], ["x"], {"type": "any"}, "wrong type"),
+        ("x", ["X"], {"type": "any"}, None),  # any is str, normalised
+        # Explicit null: accepted exactly when null is among the acceptable values.
+        (None, [None, ""], {"type": "string"}, None),
+        (None, ["", None], {"type": "integer"}, None),
+        (None, ["", "x"], {"type": "string"}, "wrong type"),
+        # Dicts: a pattern of acceptable values per key; nested dicts in it are literals (live_multiple_121-46-0).
+        ({"position": {"lateral": 10.5, "longitudinal": 50}, "orientation": 30}, [EGO_ANSWER], EGO, None),
+        ({"position": {"lateral": 10.5, "longitudinal": 50.0}, "orientation": 30}, [EGO_ANSWER], EGO, None),
+        ({"position": {"lateral": "10.5", "longitudinal": 50}, "orientation": 30}, [EGO_ANSWER], EGO, "wrong value"),
+        ({"position": {"lateral": 10.5}, "orientation": 30}, [EGO_ANSWER], EGO, "wrong value"),
+        ({"min": 1, "max": 2}, [{"min": [1], "max": [2, 3]}], {"type": "dict"}, None),
+        ({"min": 1}, [{"min": [1], "max": [2, ""]}], {"type": "dict"}, None),
+        ({"min": 1}, [{"min": [1], "max": [2]}], {"type": "dict"}, "wrong value"),
+        ({"min": 1, "extra": 0}, [{"min": [1]}], {"type": "dict"}, "wrong value"),
+        # Lists of dicts: one pattern per position.
+        ([{"field": "age"}], [[{"field": ["age"], "op": [">", ""]}]], DICTS, None),
+        ([{"field": "Age "}], [[{"field": ["age"], "op": [">", ""]}]], DICTS, None),
+        ([{"op": ">"}], [[{"field": ["age"], "op": [">", ""]}]], DICTS, "wrong value"),
+        # Strings and plain lists: normalised at the top level only.
+        ("New York, NY", ["new york ny"], {"type": "string"}, None),
+        ("it's", ['it"s'], {"type": "string"}, None),
+        ("Paris", ["London"], {"type": "string"}, "wrong value"),
+        ("", [""], {"type": "string"}, None),
+        (["A b"], [["ab"]], {"type": "array", "items": {"type": "string"}}, None),
+        ([2, 1], [[1, 2]], {"type": "array", "items": {"type": "integer"}}, "wrong value"),
+        # Without a schema the acceptable value's type is expected.
+        ("x", ["X"], None, None),
+        (1, ["1"], None, "wrong type"),
+        (None, [None], {}, None),
+        # A union of types: any member may accept.
+        (None, [None], {"type": ["string", "null"]}, None),
+        ("x", ["x"], {"type": "String"}, None),
     ],
 )
-def test_schema_type_rules(value: Any, schema: dict[str, Any], conforms: bool) -> None:
-    assert conforms_to_schema(value, schema) is conforms
-
-
-@pytest.mark.parametrize(
-    ("value", "acceptable", "matches"),
-    [
-        ("New York, NY", "new york ny", True),
-        ("it's", 'it"s', True),
-        ("Paris", "London", False),
-        ([1, 2], [1, 2], True),
-        ([2, 1], [1, 2], False),
-        (["A b"], ["ab"], True),
-        ({"min": 1, "max": 2}, {"min": [1], "max": [2, 3]}, True),
-        ({"min": 1}, {"min": [1], "max": [2, ""]}, True),
-        ({"min": 1}, {"min": [1], "max": [2]}, False),
-        ({"min": 1, "extra": 0}, {"min": [1]}, False),
-        ([{"field": "age"}], [{"field": ["age"], "op": [">", ""]}], True),
-        (None, None, True),
-        ("", "", True),
-    ],
-)
-def test_acceptable_value_rules(value: Any, acceptable: Any, matches: bool) -> None:
-    assert matches_acceptable_value(value, acceptable) is matches
+def test_bfcl_value_rules(
+    value: Any, acceptable: list[Any], schema: dict[str, Any] | None, problem: str | None
+) -> None:
+    assert value_problem(value, acceptable, schema) == problem
 
 
 def test_normalize_string_ignores_what_bfcl_ignores() -> None:

@@ -145,7 +145,10 @@ def _answer(arguments: Any) -> dict[str, Any]:
         ({"answers": [{"f": {}, "g": {}}]}, "exactly one function name"),
         ({"answers": [{"f": {"a": 1}}]}, "non-empty list"),
         ({"answers": [{"f": {"a": []}}]}, "non-empty list"),
-        ({"answers": [{"f": {"a": [{"k": 1}]}}]}, "nested acceptable values must be a list"),
+        (
+            _answer({"origin": ["SFO"], "destination": ["JFK"], "budget": [{"max": 500}]}),
+            "flights.search.budget: dict pattern keys ['max'] must map to lists",
+        ),
         ({"functions": "f", "answers": [{"f": {}}]}, "'functions' must be a list"),
         ({"functions": [{"parameters": {}}], "answers": [{"f": {}}]}, "string 'name'"),
         (_answer({"origin": ["SFO"]}), "lacks required argument(s) ['destination']"),
