@@ -105,15 +105,8 @@ def _check_trainer_mode(config: DictConfig, mode: str, estimator: str) -> None:
             f"actor_rollout_ref.rollout.checkpoint_engine.backend: 'naive' with trainer_mode={mode} (allowed: nccl, "
             "nixl, mooncake, …; verl's rule): the standalone rollout pool receives weights through a checkpoint engine"
         )
-    if estimator == "mrtpo" and OmegaConf.select(config, "mrtpo.replay.placement") == "colocated":
-        # Not an error: state where the replay runs, since the rollout has its own pool in this mode.
-        import logging
-
-        logging.getLogger(__name__).info(
-            "mrtpo: trainer_mode=%s with mrtpo.replay.placement=colocated: the replay runs on the trainer's pool "
-            "(the actor's processes), not on the standalone rollout pool, with the weights of old_log_probs",
-            mode,
-        )
+    # With mrtpo.replay.placement=colocated the replay runs on the trainer's pool (the actor's processes),
+    # never on the standalone rollout pool, which holds no trainer weights (README "Trainer modes").
 
 
 #: Actor strategies whose engine the colocated replay can run in place.

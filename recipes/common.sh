@@ -13,6 +13,16 @@ ADV_ESTIMATOR=${ADV_ESTIMATOR:-mrtpo}
 NNODES=${NNODES:-1}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 
+# --- trainer mode: verl's v1 modes with the MRTPO advantage step (README "Trainer modes") ---
+# mrtpo_sync | mrtpo_colocate_async (one node: partial rollouts, weights pushed every step)
+# | mrtpo_separate_async (rollout on its own ROLLOUT_NNODES x ROLLOUT_GPUS_PER_NODE, multi-node)
+TRAINER_MODE=${TRAINER_MODE:-mrtpo_sync}
+MAX_OFF_POLICY_THRESHOLD=${MAX_OFF_POLICY_THRESHOLD:-2}  # ours: async responses at most 2 weight versions old
+ASYNC_WARMUP_BATCHES=${ASYNC_WARMUP_BATCHES:-1}         # verl's default prefetch window
+ROLLOUT_NNODES=${ROLLOUT_NNODES:-${NNODES}}             # separate_async: the standalone rollout pool
+ROLLOUT_GPUS_PER_NODE=${ROLLOUT_GPUS_PER_NODE:-${GPUS_PER_NODE}}
+CHECKPOINT_ENGINE=${CHECKPOINT_ENGINE:-nccl}            # separate_async: verl refuses "naive" there
+
 # --- MRTPO (paper: β = 0.5 with a 10-step smoothstep warm-up) ---
 MRTPO_BETA=${MRTPO_BETA:-0.5}
 MRTPO_WARMUP_STEPS=${MRTPO_WARMUP_STEPS:-10}
@@ -43,11 +53,39 @@ LOGGER=${LOGGER:-[console]}
 TEST_FREQ=${TEST_FREQ:-10}
 SAVE_FREQ=${SAVE_FREQ:-50}
 
+# verl's settings of the chosen mode (trainer.v1.<mode>); separate_async's rule:
+# train_batch_size = parameter_sync_step x ppo_mini_batch_size (one weight sync per step).
+MODE_OVERRIDES=()
+case "${TRAINER_MODE}" in
+mrtpo_sync) ;;
+mrtpo_colocate_async)
+    MODE_OVERRIDES=(
+        trainer.v1.colocate_async.num_warmup_batches="${ASYNC_WARMUP_BATCHES}"
+        trainer.v1.sampler.max_off_policy_threshold="${MAX_OFF_POLICY_THRESHOLD}"
+    )
+    ;;
+mrtpo_separate_async)
+    PARAMETER_SYNC_STEP=${PARAMETER_SYNC_STEP:-$((TRAIN_BATCH_SIZE / PPO_MINI_BATCH_SIZE))}
+    MODE_OVERRIDES=(
+        trainer.v1.separate_async.num_warmup_batches="${ASYNC_WARMUP_BATCHES}"
+        trainer.v1.separate_async.parameter_sync_step="${PARAMETER_SYNC_STEP}"
+        trainer.v1.sampler.max_off_policy_threshold="${MAX_OFF_POLICY_THRESHOLD}"
+        actor_rollout_ref.rollout.nnodes="${ROLLOUT_NNODES}"
+        actor_rollout_ref.rollout.n_gpus_per_node="${ROLLOUT_GPUS_PER_NODE}"
+        actor_rollout_ref.rollout.checkpoint_engine.backend="${CHECKPOINT_ENGINE}"
+    )
+    ;;
+*)
+    echo "TRAINER_MODE: ${TRAINER_MODE} (allowed: mrtpo_sync | mrtpo_colocate_async | mrtpo_separate_async)" >&2
+    exit 2
+    ;;
+esac
+
 # One verifier-information key per reward key: "a,b" -> "a_info,b_info" (reward_fns.dispatch.info_key).
 VERIFIER_INFO_KEYS="${REWARD_KEYS//,/_info,}_info"
 
 # Our entry point composes verl's ppo_trainer + the mrtpo block (mrtpo_verl/configs/mrtpo_trainer.yaml),
-# validates it, then runs verl's main. trainer.v1.trainer_mode stays mrtpo_sync for all three estimators,
+# validates it, then runs verl's main. trainer.v1.trainer_mode is ours for all three estimators,
 # so the baselines run on the same trainer path as MRTPO.
 python3 -m mrtpo_verl.main_ppo \
     algorithm.adv_estimator="${ADV_ESTIMATOR}" \
@@ -99,5 +137,7 @@ python3 -m mrtpo_verl.main_ppo \
     trainer.test_freq="${TEST_FREQ}" \
     trainer.save_freq="${SAVE_FREQ}" \
     trainer.critic_warmup=0 \
+    trainer.v1.trainer_mode="${TRAINER_MODE}" \
+    "${MODE_OVERRIDES[@]}" \
     "${TASK_OVERRIDES[@]}" \
     "$@"

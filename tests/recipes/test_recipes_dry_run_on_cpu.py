@@ -38,6 +38,10 @@ MODELS = {
     "tool_calling/run_qwen2_5_3b.sh": "Qwen/Qwen2.5-3B-Instruct",
     "instruction_following/run_qwen2_5_7b.sh": "Qwen/Qwen2.5-7B-Instruct",
     "instruction_following/run_qwen3_4b_instruct_2507.sh": "Qwen/Qwen3-4B-Instruct-2507",
+    # Asynchronous variants (verl's colocate_async by default, separate_async multi-node).
+    "text_to_sql/run_qwen2_5_coder_7b_async.sh": "Qwen/Qwen2.5-Coder-7B-Instruct",
+    "tool_calling/run_qwen2_5_3b_async.sh": "Qwen/Qwen2.5-3B-Instruct",
+    "instruction_following/run_qwen2_5_7b_async.sh": "Qwen/Qwen2.5-7B-Instruct",
 }
 ESTIMATORS = ("mrtpo", "gdpo", "grpo")
 
@@ -53,11 +57,17 @@ class Case:
 
     @property
     def id(self) -> str:
-        return f"{Path(self.script).stem}-{self.estimator}"
+        mode = self.env.get("TRAINER_MODE", "").replace("mrtpo_", "-")
+        return f"{Path(self.script).stem}-{self.estimator}{mode}"
 
     @property
     def family(self) -> str:
         return self.script.split("/")[0]
+
+    @property
+    def trainer_mode(self) -> str:
+        default = "mrtpo_colocate_async" if self.script.endswith("_async.sh") else "mrtpo_sync"
+        return self.env.get("TRAINER_MODE", default)
 
 
 # Each script once; each task with all three estimators; some knobs changed on the way.
@@ -71,6 +81,15 @@ CASES = [
     Case("instruction_following/run_qwen2_5_7b.sh", "mrtpo"),
     Case("instruction_following/run_qwen3_4b_instruct_2507.sh", "gdpo", {"IF_MAX_CONSTRAINTS": "5"}),
     Case("instruction_following/run_qwen2_5_7b.sh", "grpo"),
+    # The asynchronous variants: one node (colocate_async) and multi-node (separate_async, rollout on its own nodes).
+    Case("text_to_sql/run_qwen2_5_coder_7b_async.sh", "mrtpo"),
+    Case(
+        "tool_calling/run_qwen2_5_3b_async.sh",
+        "gdpo",
+        {"TRAINER_MODE": "mrtpo_separate_async", "NNODES": "2", "ROLLOUT_NNODES": "2"},
+    ),
+    Case("instruction_following/run_qwen2_5_7b_async.sh", "mrtpo", {"TRAINER_MODE": "mrtpo_separate_async"}),
+    Case("instruction_following/run_qwen2_5_7b_async.sh", "grpo"),
 ]
 BAD_OVERRIDES = {
     "misspelt_mrtpo_key": ("mrtpo.bta=0.3", "Key 'bta' is not in struct"),
@@ -183,7 +202,8 @@ def check_recipe_config(config: dict[str, Any], case: Case, home: Path) -> None:
     reward_fn = config["reward"]["custom_reward_function"]
     assert config["algorithm"]["adv_estimator"] == case.estimator
     assert config["actor_rollout_ref"]["model"]["path"] == case.env.get("MODEL_PATH", MODELS[case.script])
-    assert config["trainer"]["v1"]["trainer_mode"] == "mrtpo_sync"  # baselines on the same trainer path
+    assert config["trainer"]["v1"]["trainer_mode"] == case.trainer_mode  # baselines on the same trainer path
+    check_trainer_mode(config, case)
     assert config["mrtpo"]["reward_keys"] == keys == config["algorithm"]["gdpo_reward_keys"]
     assert config["mrtpo"]["verifier_info_keys"] == [dispatch.info_key(key) for key in keys]
     assert (reward_fn["path"], reward_fn["name"]) == ("pkg://reward_fns.dispatch", "compute_score")
@@ -202,6 +222,20 @@ def check_recipe_config(config: dict[str, Any], case: Case, home: Path) -> None:
     assert config["trainer"]["nnodes"] == int(case.env.get("NNODES", 1))
     assert config["trainer"]["n_gpus_per_node"] == int(case.env.get("GPUS_PER_NODE", 8))
     assert config["trainer"]["experiment_name"].endswith(f"_{case.estimator}")
+
+
+def check_trainer_mode(config: dict[str, Any], case: Case) -> None:
+    """verl's settings of the mode: off-policy bound for both async modes; separate_async's pool and sync rule."""
+    v1, rollout = config["trainer"]["v1"], config["actor_rollout_ref"]["rollout"]
+    if case.trainer_mode == "mrtpo_sync":
+        return
+    assert v1["sampler"]["max_off_policy_threshold"] == 2
+    if case.trainer_mode == "mrtpo_separate_async":
+        mini = config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]
+        assert config["data"]["train_batch_size"] == v1["separate_async"]["parameter_sync_step"] * mini
+        assert rollout["checkpoint_engine"]["backend"] == "nccl"
+        assert rollout["nnodes"] == int(case.env.get("ROLLOUT_NNODES", case.env.get("NNODES", 1)))
+        assert rollout["n_gpus_per_node"] == 8
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
