@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
 from verl import DataProto
+
+from tests.support.temp_files import checkpoint_locks, remove_unheld_locks
 
 
 def make_grouped_batch(
@@ -49,3 +53,11 @@ def make_grouped_batch(
 @pytest.fixture
 def grouped_batch() -> DataProto:
     return make_grouped_batch(seed=0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def remove_verl_checkpoint_locks() -> Iterator[None]:
+    """The ``ckpt_*.lock`` files verl leaves in the temporary folder during this session are removed at its end."""
+    before = checkpoint_locks()
+    yield
+    remove_unheld_locks(checkpoint_locks() - before)
