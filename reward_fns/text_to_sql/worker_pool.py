@@ -58,6 +58,7 @@ KILL_GRACE_S = 0.2
 # A worker that is not ready this long after its start is considered broken.
 STARTUP_TIMEOUT_S = 60.0
 _CLOSE_WAIT_S = 2.0
+_READ_CHUNK_BYTES = 1 << 16
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -112,6 +113,7 @@ class _Worker:
         self.replies: IO[bytes] = self.process.stdout
         self.ready = False
         self.started_at = time.monotonic()
+        self._pending = bytearray()
 
     def poll_ready(self, timeout_s: float) -> bool:
         """Waits up to `timeout_s` for the worker's "ready" frame; True once it came.
@@ -157,16 +159,17 @@ class _Worker:
             raise _Broken("protocol", f"it sent an unreadable reply ({type(error).__name__}: {error})") from None
 
     def _read_exactly(self, size: int, deadline: float) -> bytes:
-        chunks: list[bytes] = []
-        while size:
+        # Reads ahead (a header and a small body usually come in one read), keeping the rest for next time.
+        while len(self._pending) < size:
             if not _readable(self.replies, deadline - time.monotonic()):
                 raise _Broken("deadline")
-            chunk = os.read(self.replies.fileno(), min(size, 1 << 20))
+            chunk = os.read(self.replies.fileno(), max(size - len(self._pending), _READ_CHUNK_BYTES))
             if not chunk:
                 raise _Broken("died")
-            chunks.append(chunk)
-            size -= len(chunk)
-        return b"".join(chunks)
+            self._pending += chunk
+        data = bytes(self._pending[:size])
+        del self._pending[:size]
+        return data
 
     def kill(self) -> str:
         """Kills and reaps the worker (if still running) and closes its pipes; returns how it ended."""
@@ -296,9 +299,10 @@ class SqlWorkerPool:
         return worker
 
     def _take_ready_or_oldest(self) -> _Worker:
-        for index, worker in enumerate(self._idle):
+        """The most recently used ready worker (its caches are warm; a spare stays idle), else the oldest."""
+        for index in range(len(self._idle) - 1, -1, -1):
             try:
-                if worker.poll_ready(0.0):
+                if self._idle[index].poll_ready(0.0):
                     return self._idle.pop(index)
             except _Broken:
                 continue  # it died while idle; the caller finds out and replaces it
