@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rl_parquet import argument_parser, rl_row, shuffled, write_splits
+from rl_parquet import argument_parser, readable, rl_row, shuffled, write_splits
 
+from reward_fns.ground_truths import validate_row
 from reward_fns.instruction_following import MAX_CONSTRAINTS, UnsupportedConstraintError, compute_score
 from reward_fns.instruction_following.data import BENCHMARK_FILES, load_benchmark
 
@@ -36,8 +37,15 @@ def read_records(source: str) -> tuple[str, list[dict[str, Any]]]:
 
 
 def ground_truth(record: dict[str, Any]) -> dict[str, Any]:
+    """The record in the verifier's schema; missing fields stay empty, for the reader to refuse by name."""
+    record = record if isinstance(record, dict) else {}
     kwargs = [{k: v for k, v in (entry or {}).items() if v is not None} for entry in record.get("kwargs") or []]
-    return {"instruction_id_list": list(record["instruction_id_list"]), "kwargs": kwargs, "prompt": record["prompt"]}
+    ids = list(record.get("instruction_id_list") or [])
+    return {"instruction_id_list": ids, "kwargs": kwargs, "prompt": str(record.get("prompt") or "")}
+
+
+def ground_truth_key(record: Any) -> Any:
+    return record.get("key") if isinstance(record, dict) else None
 
 
 def checkable(truth: dict[str, Any], max_constraints: int) -> str | None:
@@ -51,11 +59,31 @@ def checkable(truth: dict[str, Any], max_constraints: int) -> str | None:
     return None
 
 
-def rows_for(sources: Iterable[str], max_constraints: int) -> list[dict[str, Any]]:
+def check_readable(data_source: str, record: dict[str, Any], label: str) -> None:
+    """The verifier's reader and checker construction on this record (slot count and unsupported ids aside).
+
+    Too many constraints and constraints no offline checker implements are known limits, dropped
+    and counted by :func:`checkable`; anything else the reader refuses is an unreadable row.
+    """
+    truth = ground_truth(record)
+    slots = max(len(truth["instruction_id_list"]), 1)
+    try:
+        validate_row(data_source, truth, {"index": label}, max_constraints=slots)
+    except UnsupportedConstraintError:
+        return
+
+
+def rows_for(sources: Iterable[str], max_constraints: int, drop_unreadable: bool) -> list[dict[str, Any]]:
     rows, dropped = [], {}
     for source in sources:
-        data_source, records = read_records(source)
-        for record in records:
+        data_source, all_records = read_records(source)
+        records = readable(
+            list(enumerate(all_records)),
+            lambda entry, s=data_source, name=source: check_readable(s, entry[1], f"{name} record {entry[0]}"),
+            lambda entry, s=source: f"{s} record {entry[0]} (key={ground_truth_key(entry[1])!r})",
+            drop_unreadable,
+        )
+        for _, record in records:
             truth = ground_truth(record)
             reason = checkable(truth, max_constraints)
             if reason is not None:
@@ -88,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = {
-        split: shuffled(rows_for(sources, args.max_constraints), args.seed)
+        split: shuffled(rows_for(sources, args.max_constraints, args.drop_unreadable), args.seed)
         for split, sources in (("train", args.train), ("test", args.test))
     }
     write_splits(args.output_dir, rows, args.max_samples)

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl_parquet import argument_parser, random_split, rl_row, shuffled, write_splits
+from rl_parquet import argument_parser, random_split, readable, rl_row, shuffled, write_splits
 
+from reward_fns.ground_truths import validate_row
 from reward_fns.text_to_sql import BUNDLED_DB_ROOT, EXPECTED_FORMAT
 
 ABILITY = "text_to_sql"
@@ -39,13 +40,14 @@ BUNDLED_QUESTIONS = BUNDLED_DB_ROOT / "dev_subset.jsonl"
 
 @dataclass(frozen=True)
 class Question:
-    """One text-to-SQL example and where its database lives."""
+    """One text-to-SQL example and where its database lives (``source``: its file and position)."""
 
     db_id: str
     question: str
     sql: str
     db_root: Path
     hint: str = ""
+    source: str = ""
 
 
 @functools.cache
@@ -84,15 +86,17 @@ def read_examples(path: Path, db_root: Path) -> list[Question]:
     """Spider (``query``) or BIRD (``SQL``, ``evidence``) examples from a JSON or JSON-lines file."""
     text = path.read_text(encoding="utf-8")
     records = json.loads(text) if path.suffix == ".json" else [json.loads(line) for line in text.splitlines() if line]
+    # Missing fields are left empty here, so that the verifier's reader refuses the row by name.
     return [
         Question(
-            db_id=record["db_id"],
-            question=record["question"].strip(),
-            sql=record.get("query") or record["SQL"],
+            db_id=str(record.get("db_id") or ""),
+            question=str(record.get("question") or "").strip(),
+            sql=str(record.get("query") or record.get("SQL") or ""),
             db_root=db_root,
-            hint=(record.get("evidence") or "").strip(),
+            hint=str(record.get("evidence") or "").strip(),
+            source=f"{path.name} record {position}",
         )
-        for record in records
+        for position, record in enumerate(records)
     ]
 
 
@@ -111,6 +115,13 @@ def bird_release(bird_dir: Path) -> dict[str, list[Question]]:
         "train": read_examples(root / "train" / "train.json", root / "train" / "train_databases"),
         "test": read_examples(root / "dev" / "dev.json", root / "dev" / "dev_databases"),
     }
+
+
+def check(item: Question, data_source: str) -> None:
+    """The verifier's own reader on this example's ground truth (database found, fields present)."""
+    validate_row(
+        data_source, {"sql": item.sql, "db_id": item.db_id}, {"db_root": str(item.db_root), "index": item.source}
+    )
 
 
 def to_row(item: Question, data_source: str, bundled: bool) -> dict[str, Any]:
@@ -143,7 +154,15 @@ def main() -> None:
         splits, data_source = random_split(bundled, args.test_fraction, args.seed), "spider"
     bundled_source = not (args.spider_dir or args.bird_dir)
     rows = {
-        split: [to_row(item, data_source, bundled_source) for item in shuffled(items, args.seed)]
+        split: [
+            to_row(item, data_source, bundled_source)
+            for item in readable(
+                shuffled(items, args.seed),
+                lambda item: check(item, data_source),
+                lambda item: f"{item.source} (db_id={item.db_id!r}, question={item.question[:60]!r})",
+                args.drop_unreadable,
+            )
+        ]
         for split, items in splits.items()
     }
     write_splits(args.output_dir, rows, args.max_samples)

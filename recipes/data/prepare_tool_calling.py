@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rl_parquet import argument_parser, random_split, rl_row, shuffled, write_splits
+from rl_parquet import argument_parser, random_split, readable, rl_row, shuffled, write_splits
 
+from reward_fns.ground_truths import validate_row
 from reward_fns.tool_calling.bfcl_data import NON_LIVE_CATEGORIES, PYTHON_AST_CATEGORIES, BfclItem, load_bfcl_category
 from reward_fns.tool_calling.render import EXPECTED_FORMAT
 
@@ -61,7 +62,13 @@ def main() -> None:
 
     rows: dict[str, list[dict[str, Any]]] = {"train": [], "test": []}
     for category in args.categories:
-        for split, items in random_split(load_bfcl_category(category), args.test_fraction, args.seed).items():
+        readable_items = readable(
+            load_bfcl_category(category),
+            lambda item, c=category: validate_row(f"bfcl/{c}", item.ground_truth(), {"index": item.id}),
+            lambda item: f"BFCL item {item.id}",
+            args.drop_unreadable,
+        )
+        for split, items in random_split(readable_items, args.test_fraction, args.seed).items():
             rows[split] += [to_row(item, category) for item in items]
     # Mix the categories, so that --max-samples keeps some of each.
     write_splits(args.output_dir, {split: shuffled(r, args.seed) for split, r in rows.items()}, args.max_samples)

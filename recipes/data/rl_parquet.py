@@ -9,6 +9,10 @@ prompt with these columns:
 * ``reward_model`` (``{"style": "rule", "ground_truth": str}``): the verifier's ground truth, as JSON;
 * ``extra_info`` (dict): ``split``, ``index`` and anything the verifier or a reader wants.
 
+Every row's ground truth is read by the verifier's own reader before anything is written
+(``reward_fns.ground_truths.validate_row``, the code the reward runs): a row it cannot read stops
+the script with the row named, or, with ``--drop-unreadable``, is dropped and counted.
+
 Imported by sibling scripts run as ``python recipes/data/prepare_<task>.py`` (the script's folder
 is on ``sys.path``).
 """
@@ -18,11 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
+
+from reward_fns.total import GroundTruthError
+
+Item = TypeVar("Item")
+_DROPPED_SHOWN = 10
 
 SPLITS = ("train", "test")
 
@@ -40,7 +49,50 @@ def argument_parser(task: str, description: str) -> argparse.ArgumentParser:
         "--max-samples", type=int, default=None, help="keep at most this many rows per split (default: all)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle and of random splits")
+    parser.add_argument(
+        "--drop-unreadable",
+        action="store_true",
+        help="drop (and count) rows whose ground truth the verifier cannot read, instead of stopping",
+    )
     return parser
+
+
+def readable(
+    items: Sequence[Item], check: Callable[[Item], None], name: Callable[[Item], str], drop_unreadable: bool
+) -> list[Item]:
+    """The items whose ground truth the verifier reads; the others stop the script or are dropped.
+
+    Args:
+        items: candidate rows (or what they are built from).
+        check: raises ``GroundTruthError`` for an unreadable item (``reward_fns.ground_truths.validate_row``).
+        name: how an item is named in messages (an id, a file position).
+        drop_unreadable: drop and count instead of stopping.
+
+    Returns:
+        The readable items, in order.
+
+    Raises:
+        SystemExit: an item is unreadable and ``drop_unreadable`` is false; the message names it.
+    """
+    kept, dropped = [], []
+    for item in items:
+        try:
+            check(item)
+        except GroundTruthError as error:
+            if not drop_unreadable:
+                raise SystemExit(
+                    f"refusing {name(item)}: {error}\n(--drop-unreadable drops such rows and counts them)"
+                ) from error
+            dropped.append(f"{name(item)}: {error}")
+            continue
+        kept.append(item)
+    if dropped:
+        print(f"dropped {len(dropped)} rows whose ground truth cannot be read:")
+        for line in dropped[:_DROPPED_SHOWN]:
+            print(f"  {line}")
+        if len(dropped) > _DROPPED_SHOWN:
+            print(f"  ... and {len(dropped) - _DROPPED_SHOWN} more")
+    return kept
 
 
 def random_split(items: Sequence[Any], test_fraction: float, seed: int) -> dict[str, list[Any]]:

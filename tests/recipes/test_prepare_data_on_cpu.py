@@ -2,6 +2,8 @@
 
 Each script runs as users run it (a subprocess), into a temporary folder; the rows are read back
 and scored through ``reward_fns.dispatch.compute_score`` with a response derived from the gold.
+Rows whose ground truth the verifier cannot read stop a script, named, or with
+``--drop-unreadable`` are dropped and counted.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pandas as pd
 import pytest
 
 from reward_fns import dispatch
+from reward_fns.instruction_following.data import load_benchmark
 from reward_fns.text_to_sql import BUNDLED_DB_ROOT, EXPECTED_FORMAT
 from reward_fns.tool_calling.reference import gold_calls, parse_ground_truth
 from reward_fns.tool_calling.render import EXPECTED_FORMAT as TOOL_FORMAT
@@ -35,6 +38,12 @@ def prepare(
     command = [sys.executable, str(SCRIPTS / script), "--output-dir", str(output_dir), "--seed", "1", *cap, *args]
     subprocess.run(command, check=True, capture_output=True, text=True, cwd=output_dir.parent)
     return {split: pd.read_parquet(output_dir / f"{split}.parquet") for split in ("train", "test")}
+
+
+def run_script(script: str, output_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run one preparation script without checking its exit status."""
+    command = [sys.executable, str(SCRIPTS / script), "--output-dir", str(output_dir), "--seed", "1", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=output_dir.parent, check=False)
 
 
 def rows(frames: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
@@ -170,3 +179,70 @@ def test_instruction_following_from_ifeval_and_ifbench(tmp_path: Path, max_const
             max_constraints=max_constraints,
         )
         assert set(result) == expected_keys
+
+
+def test_unreadable_bfcl_items_stop_the_script_by_name_or_are_dropped_and_counted(tmp_path: Path) -> None:
+    refused = run_script("prepare_tool_calling.py", tmp_path / "refused", "--categories", "live_simple")
+    assert refused.returncode != 0
+    assert "refusing BFCL item live_simple_106-63-0" in refused.stderr
+    assert "acceptable values must be a non-empty list" in refused.stderr and "--drop-unreadable" in refused.stderr
+    assert not (tmp_path / "refused" / "train.parquet").exists()
+
+    dropped = run_script(
+        "prepare_tool_calling.py", tmp_path / "dropped", "--categories", "live_simple", "--drop-unreadable"
+    )
+    assert dropped.returncode == 0, dropped.stderr
+    assert "dropped 2 rows whose ground truth cannot be read" in dropped.stdout
+    assert "live_simple_106-63-0" in dropped.stdout and "live_simple_112-68-0" in dropped.stdout
+    written = rows({split: pd.read_parquet(tmp_path / "dropped" / f"{split}.parquet") for split in ("train", "test")})
+    assert len(written) == 258 - 2
+    assert {row["extra_info"]["bfcl_id"] for row in written}.isdisjoint(
+        {"live_simple_106-63-0", "live_simple_112-68-0"}
+    )
+
+
+def spider_release_with_bad_rows(root: Path) -> Path:
+    spider = root / "spider"
+    copy_database("concert_singer", spider / "database" / "my_concerts", "my_concerts")
+    train = [
+        {"db_id": "my_concerts", "question": "How many singers?", "query": "SELECT count(*) FROM singer"},
+        {"db_id": "no_such_db", "question": "Lost?", "query": "SELECT 1"},
+        {"db_id": "my_concerts", "question": "No query?"},
+    ]
+    dev = [{"db_id": "my_concerts", "question": "Concerts?", "query": "SELECT count(*) FROM concert"}]
+    (spider / "train_spider.json").write_text(json.dumps(train))
+    (spider / "dev.json").write_text(json.dumps(dev))
+    return spider
+
+
+def test_unreadable_text_to_sql_rows_stop_the_script_by_name_or_are_dropped_and_counted(tmp_path: Path) -> None:
+    spider = spider_release_with_bad_rows(tmp_path)
+    refused = run_script("prepare_text_to_sql.py", tmp_path / "refused", "--spider-dir", str(spider))
+    assert refused.returncode != 0
+    assert "refusing train_spider.json record" in refused.stderr
+    assert "database file not found" in refused.stderr or "non-empty string 'sql'" in refused.stderr
+
+    dropped = run_script("prepare_text_to_sql.py", tmp_path / "out", "--spider-dir", str(spider), "--drop-unreadable")
+    assert dropped.returncode == 0, dropped.stderr
+    assert "dropped 2 rows whose ground truth cannot be read" in dropped.stdout
+    assert "train_spider.json record 1 (db_id='no_such_db'" in dropped.stdout
+    assert "train_spider.json record 2 (db_id='my_concerts', question='No query?')" in dropped.stdout
+    train = pd.read_parquet(tmp_path / "out" / "train.parquet")
+    assert [info["question"] for info in train["extra_info"]] == ["How many singers?"]
+
+
+def test_unreadable_instruction_following_records_stop_the_script_by_name_or_are_dropped(tmp_path: Path) -> None:
+    good = next(iter(load_benchmark("ifeval")))
+    records = [good, {"key": 7, "prompt": "no ids"}, {**good, "key": 8, "kwargs": [{}, {}, {}, {}, {}, {}]}]
+    source = tmp_path / "mixed.jsonl"
+    source.write_text("\n".join(json.dumps(record) for record in records))
+    arguments = ["--train", str(source), "--test", str(source)]
+    refused = run_script("prepare_instruction_following.py", tmp_path / "refused", *arguments)
+    assert refused.returncode != 0
+    assert "refusing " + str(source) + " record 1 (key=7)" in refused.stderr
+
+    dropped = run_script("prepare_instruction_following.py", tmp_path / "out", *arguments, "--drop-unreadable")
+    assert dropped.returncode == 0, dropped.stderr
+    assert dropped.stdout.count("dropped 2 rows whose ground truth cannot be read") == 2  # train and test
+    assert "record 2 (key=8)" in dropped.stdout and "kwargs dicts" in dropped.stdout
+    assert len(pd.read_parquet(tmp_path / "out" / "train.parquet")) == 1
