@@ -10,6 +10,8 @@ import os
 import pickle
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -267,3 +269,31 @@ def test_replies_may_hold_plain_data_only() -> None:
     )
     with pytest.raises(pickle.UnpicklingError, match="plain data only"):
         decode_body(pickle.dumps(("ok", os.system)))
+
+
+def process_gone(pid: int) -> bool:
+    """True once a process has exited (a zombie waiting for its new parent to reap it counts as gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in status
+
+
+def test_workers_exit_when_their_parent_dies_without_closing_the_pool() -> None:
+    # As when a Ray actor is killed: no atexit, no close(); the workers see their input close.
+    script = (
+        "import os, sys\n"
+        "from reward_fns.text_to_sql.worker_pool import shared_pool\n"
+        "pool = shared_pool()\n"
+        f"pool.call('table_definitions', {{'db_path': {str(BUNDLED_DB_ROOT / 'singer.sqlite')!r}}}, 10.0)\n"
+        "print(' '.join(map(str, pool.worker_pids())), flush=True)\n"
+        "os._exit(0)\n"
+    )
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    pids = [int(pid) for pid in finished.stdout.split()]
+    assert len(pids) == 2
+    give_up = time.monotonic() + 10.0
+    while not all(process_gone(pid) for pid in pids) and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert all(process_gone(pid) for pid in pids)
