@@ -13,7 +13,9 @@ truth is unusable (an instruction id no offline checker implements), whatever th
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from reward_fns import instruction_following, text_to_sql, tool_calling
@@ -29,9 +31,21 @@ GROUND_TRUTH_ERRORS: tuple[type[Exception], ...] = (instruction_following.Unsupp
 
 
 def _read_sql(ground_truth: Any, extra_info: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> Any:
+    data_source, semantics = str(kwargs.get("data_source", "")), kwargs.get("semantics")
+    db_root = choose_db_root(extra_info, kwargs.get("db_root"))
+    if isinstance(ground_truth, str) and (semantics is None or isinstance(semantics, str)):
+        return _read_sql_text(ground_truth, db_root, data_source, semantics)
+    return _read_sql_uncached(ground_truth, db_root, data_source, semantics)
+
+
+def _read_sql_uncached(ground_truth: Any, db_root: Path, data_source: str, semantics: Any) -> Any:
     # The comparison rule is configuration, but a wrong one must raise too, not score every response 0.
-    _semantics_for(str(kwargs.get("data_source", "")), kwargs.get("semantics"))
-    return resolve_gold_query(ground_truth, choose_db_root(extra_info, kwargs.get("db_root")))
+    _semantics_for(data_source, semantics)
+    return resolve_gold_query(ground_truth, db_root)
+
+
+# A successful read is cached (the same JSON text comes with every response of a group); errors are not.
+_read_sql_text = functools.lru_cache(maxsize=4096)(_read_sql_uncached)
 
 
 def _read_tool_calls(ground_truth: Any, extra_info: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> Any:

@@ -28,6 +28,7 @@ error that names the problem.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -203,8 +204,11 @@ def _reference_call(
     return ReferenceCall(name=name, acceptable_values=acceptable, mandatory=frozenset(mandatory))
 
 
+GROUND_TRUTH_CACHE_SIZE = 4096
+
+
 def parse_ground_truth(ground_truth: Any) -> ToolCallingReference:
-    """Read a ground truth in any accepted form (see the module docstring).
+    """Read a ground truth in any accepted form (see the module docstring); JSON text is read once, then cached.
 
     Args:
         ground_truth: dict, list, JSON string or ``<tool_call>`` string.
@@ -215,6 +219,19 @@ def parse_ground_truth(ground_truth: Any) -> ToolCallingReference:
     Raises:
         ValueError: the ground truth is malformed; the message names the problem.
     """
+    if isinstance(ground_truth, str):
+        # verl passes the same JSON text for every response of a group (and the reader and the
+        # scorer both read it): one parse each. The reference is never mutated, so sharing is safe.
+        return _parse_ground_truth_text(ground_truth)
+    return _parse_ground_truth_data(ground_truth)
+
+
+@functools.lru_cache(maxsize=GROUND_TRUTH_CACHE_SIZE)
+def _parse_ground_truth_text(ground_truth: str) -> ToolCallingReference:
+    return _parse_ground_truth_data(ground_truth)
+
+
+def _parse_ground_truth_data(ground_truth: Any) -> ToolCallingReference:
     data = _decode(ground_truth)
     if isinstance(data, list):
         data = {"calls": data}
