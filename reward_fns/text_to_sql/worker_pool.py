@@ -275,7 +275,31 @@ class SqlWorkerPool:
         return value
 
     def _acquire(self) -> _Worker:
-        """Takes an idle worker, preferring one that is ready; starts workers up to `size`."""
+        """Takes a live, ready worker, preferring one that is ready now; starts workers up to `size`.
+
+        A worker found dead while idle (killed from outside) is replaced and another one taken,
+        so no response is blamed for it.
+
+        Raises:
+            WorkerStartError: If a freshly started worker exits or is not ready in time.
+        """
+        while True:
+            worker = self._take_idle()
+            try:
+                if not worker.poll_ready(max(STARTUP_TIMEOUT_S - (time.monotonic() - worker.started_at), 0.0)):
+                    raise _Broken("deadline", f"it was not ready within {STARTUP_TIMEOUT_S:g} s")
+            except _Broken as broken:
+                how = self._replace(worker)
+                reason = "it exited" if broken.kind == "died" else str(broken)
+                raise WorkerStartError(
+                    f"an SQL sandbox worker process could not start: {reason} ({how}); its standard error says why"
+                ) from None
+            if worker.process.poll() is None:
+                return worker
+            self._replace(worker)
+
+    def _take_idle(self) -> _Worker:
+        """Moves an idle worker to the busy set, waiting for one if all are busy."""
         with self._condition:
             while True:
                 if self._closed:
@@ -285,18 +309,8 @@ class SqlWorkerPool:
                 if self._idle:
                     worker = self._take_ready_or_oldest()
                     self._busy.add(worker)
-                    break
+                    return worker
                 self._condition.wait()
-        try:
-            if not worker.poll_ready(max(STARTUP_TIMEOUT_S - (time.monotonic() - worker.started_at), 0.0)):
-                raise _Broken("deadline", f"it was not ready within {STARTUP_TIMEOUT_S:g} s")
-        except _Broken as broken:
-            how = self._replace(worker)
-            reason = "it exited" if broken.kind == "died" else str(broken)
-            raise WorkerStartError(
-                f"an SQL sandbox worker process could not start: {reason} ({how}); its standard error says why"
-            ) from None
-        return worker
 
     def _take_ready_or_oldest(self) -> _Worker:
         """The most recently used ready worker (its caches are warm; a spare stays idle), else the oldest."""
