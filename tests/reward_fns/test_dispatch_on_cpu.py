@@ -114,3 +114,29 @@ def test_instruction_slot_count_is_configurable() -> None:
     records = list(islice((r for r in load_benchmark("ifeval") if len(r["instruction_id_list"]) == 1), 1))
     result = dispatch.compute_score("ifeval", "text", records[0], families="instruction_following", max_constraints=5)
     assert {f"if_c{i}" for i in range(5)} <= set(result)
+
+
+def test_internal_errors_reach_verls_validation_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl keeps every numeric reward key; its validation metrics average the counter per data source."""
+    from verl.trainer.ppo.metric_utils import process_validation_metrics
+
+    from reward_fns.tool_calling import verifier
+
+    real_score_calls = verifier.score_calls
+
+    def score_calls_with_a_bug(calls, reference):  # stands in for a verifier bug one response triggers
+        if calls and calls[0].arguments.get("base") == 11:
+            raise ZeroDivisionError("a bug")
+        return real_score_calls(calls, reference)
+
+    monkeypatch.setattr(verifier, "score_calls", score_calls_with_a_bug)
+    source, gold, truth = bfcl_sample()
+    responses = [gold, gold.replace('"base": 10', '"base": 11'), "no call", gold]
+    results = [dispatch.compute_score(source, response, truth, {"index": 0}) for response in responses]
+    assert [r["reward/tool_calling/internal_errors"] for r in results] == [0.0, 1.0, 0.0, 0.0]
+    assert "ZeroDivisionError: a bug" in results[1]["tool_correctness_info"] and results[1]["score"] == 0.0
+    infos = {key: [result[key] for result in results] for key in results[0]}  # verl: the first sample's keys
+    metrics = process_validation_metrics([source] * 4, ["uid"] * 4, infos)
+    assert metrics[source]["reward/tool_calling/internal_errors"]["mean@4"] == 0.25
+    assert metrics[source]["reward/text_to_sql/internal_errors"]["mean@4"] == 0.0
+    assert "tool_correctness_info" not in metrics[source]  # strings are not averaged
