@@ -14,6 +14,14 @@ verl 0.9.1 has two registries for a rollout backend, and this module fills both 
 
 The server generates with ``model.generate`` one request at a time (CPU), sampling with the
 request's temperature / top-p / top-k, at most ``rollout.response_length`` new tokens.
+
+Partial rollouts (verl's ``colocate_async``/``separate_async``): ``abort_all_requests`` stops the
+request being generated after its current token (a ``StoppingCriteria`` reads the abort flag) and
+returns the tokens so far with ``stop_reason="aborted"``; requests that arrive while generation is
+paused wait for ``resume_generation`` (or, with ``reject_request=True``, come back aborted and
+empty at once). verl's ``FullyAsyncLLMServerClient`` then re-sends prompt + partial response with
+the remaining budget, so the response continues under the new weights, each piece tagged with the
+``global_steps`` of the weights that produced it.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -68,6 +77,11 @@ class HFLLMServer:
         self.weight_version = 0
         self._lock = asyncio.Lock()
         self._eos_ids = _eos_ids(self.model, self.tokenizer)
+        # Partial rollout: the gate is open while generation may run; the flag stops the running request.
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._abort = threading.Event()
+        self._reject = False
 
     # -- generation -----------------------------------------------------------------------
     async def generate(
@@ -79,8 +93,16 @@ class HFLLMServer:
         video_data: Any = None,
         **kwargs: Any,
     ) -> TokenOutput:
-        async with self._lock:  # one request at a time: the CPU is the bottleneck anyway
-            return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params))
+        while True:
+            if not self._gate.is_set() and self._reject:
+                return TokenOutput(token_ids=[], log_probs=[], stop_reason="aborted", extra_fields=self._version())
+            await self._gate.wait()
+            async with self._lock:  # one request at a time: the CPU is the bottleneck anyway
+                if self._gate.is_set():  # not paused while this request queued for the lock
+                    return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params))
+
+    def _version(self) -> dict[str, Any]:
+        return {"global_steps": self.global_steps}
 
     def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
         max_new = params.pop("max_tokens", params.pop("max_new_tokens", None))
@@ -106,13 +128,20 @@ class HFLLMServer:
             generate_kwargs.update(temperature=None, top_p=None, top_k=None)
         input_ids = torch.tensor([prompt_ids], dtype=torch.long)
         with torch.inference_mode():
-            out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **generate_kwargs)
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                stopping_criteria=[_StopOnFlag(self._abort)],
+                **generate_kwargs,
+            )
         tokens = out.sequences[0, input_ids.shape[1] :].tolist()
         # Cut after the first end-of-sequence token (HF pads the rest of a batch with it).
+        finished = False
         for position, token in enumerate(tokens):
             if token in self._eos_ids:
-                tokens = tokens[: position + 1]
+                tokens, finished = tokens[: position + 1], True
                 break
+        aborted = self._abort.is_set() and not finished and len(tokens) < max_new
         log_probs = None
         if want_logprobs:
             log_probs = [
@@ -122,8 +151,8 @@ class HFLLMServer:
         return TokenOutput(
             token_ids=tokens,
             log_probs=log_probs,
-            stop_reason="completed",
-            extra_fields={"global_steps": self.global_steps},
+            stop_reason="aborted" if aborted else "completed",
+            extra_fields=self._version(),
         )
 
     # -- weights --------------------------------------------------------------------------
@@ -157,10 +186,20 @@ class HFLLMServer:
         return None
 
     async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
-        return {"aborted_count": 0, "request_ids": []}
+        """Pause: stop the running request after its current token and hold (or reject) new ones."""
+        running = self._lock.locked()
+        self._reject = reject_request
+        self._gate.clear()
+        self._abort.set()
+        async with self._lock:  # the running request has returned its partial output
+            pass
+        return {"aborted_count": int(running), "request_ids": []}
 
     async def resume_generation(self) -> None:
-        return None
+        """Open the gate again: held requests and verl's re-sent partial ones generate."""
+        self._abort.clear()
+        self._reject = False
+        self._gate.set()
 
     async def clear_kv_cache(self) -> None:
         return None
@@ -176,6 +215,16 @@ class HFLLMServer:
 
     async def stop_profile(self) -> None:
         return None
+
+
+class _StopOnFlag:
+    """A ``transformers`` stopping criterion: stop every sequence once ``flag`` is set (abort)."""
+
+    def __init__(self, flag: threading.Event) -> None:
+        self.flag = flag
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.flag.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
