@@ -1,4 +1,4 @@
-"""Entry point of one SQL sandbox worker process: ``python -m reward_fns.text_to_sql.sql_worker LIMIT``.
+"""Entry point of one SQL sandbox worker process: `main`, started by `worker_pool` with the limit LIMIT in argv.
 
 The worker limits its own address space to LIMIT bytes (``RLIMIT_AS``; core
 dumps off) before importing anything large, says it is ready, then answers

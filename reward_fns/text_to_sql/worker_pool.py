@@ -15,12 +15,12 @@ A worker process bounds all of that from outside:
 
 Design choices:
 
-* Workers are started with `subprocess.Popen` running ``python -m
-  reward_fns.text_to_sql.sql_worker``: a fresh interpreter, as with
-  multiprocessing's "spawn", but without re-importing the parent's ``__main__``
-  (a training script) and without fork, which is unsafe in a process with
-  threads (a Ray actor, a reward thread pool). Each worker gets its own session,
-  so a terminal's Ctrl-C reaches only the parent, which then closes them.
+* Workers are started with `subprocess.Popen` running `sql_worker.main` in a fresh
+  interpreter (``python -c``), as with multiprocessing's "spawn", but without
+  re-importing the parent's ``__main__`` (a training script) and without fork,
+  which is unsafe in a process with threads (a Ray actor, a reward thread pool).
+  Each worker gets its own session, so a terminal's Ctrl-C reaches only the
+  parent, which then closes them.
 * The pool uses no threads: the calling thread waits on the worker's pipe with
   ``poll`` until the deadline. Calls from several threads each take an idle worker.
 * Lifecycle: `shared_pool` makes one pool per process lazily, on the first
@@ -60,6 +60,11 @@ STARTUP_TIMEOUT_S = 60.0
 _CLOSE_WAIT_S = 2.0
 _READ_CHUNK_BYTES = 1 << 16
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+# The worker imports this very copy of the package: sys.path[0] (the caller's working directory
+# under -c, which might hold another checkout or a stray sqlglot.py) becomes this package's root.
+_WORKER_BOOTSTRAP = (
+    f"import sys; sys.path[0] = {_PACKAGE_ROOT!r}; from reward_fns.text_to_sql.sql_worker import main; main()"
+)
 
 
 class WorkerFailure(Exception):
@@ -95,16 +100,10 @@ class _Worker:
     """One worker process and its two pipes."""
 
     def __init__(self, memory_limit_bytes: int) -> None:
-        environment = dict(os.environ)
-        environment["PYTHONPATH"] = os.pathsep.join(
-            part for part in (_PACKAGE_ROOT, environment.get("PYTHONPATH")) if part
-        )
         self.process = subprocess.Popen(
-            # -P: the caller's working directory must not shadow this package (a checkout elsewhere).
-            [sys.executable, "-P", "-m", "reward_fns.text_to_sql.sql_worker", str(memory_limit_bytes)],
+            [sys.executable, "-c", _WORKER_BOOTSTRAP, str(memory_limit_bytes)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=environment,
             start_new_session=True,
             bufsize=0,
         )
