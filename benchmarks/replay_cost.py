@@ -132,7 +132,8 @@ def per_pass_rows(
     """Scorer time per pass for each K, against verl's old-log-prob computation per sequence, in one loop."""
     items = synthetic_items(batch, prompt_length, response_length, max(contexts), seed=prompt_length)
     input_ids = torch.tensor([item.full_context_ids + item.response_ids for item in items])
-    scorer = ReplayScorer(model, js_chunk_size=256, micro_batch_size=batch)
+    # Unshared: these rows price one forward pass (the synthetic contexts share all but their last 16 tokens).
+    scorer = ReplayScorer(model, js_chunk_size=256, micro_batch_size=batch, share_prefix=False)
     functions: dict[str, Callable[[], object]] = {
         "verl": lambda: verl_old_log_probs(model, input_ids, response_length),
         "decoder": lambda: decoder_only(model, input_ids),
@@ -275,7 +276,8 @@ def growth_point(model: Any, tokenizer: Any, batch: int, response_length: int, k
     from mrtpo_verl.replay.contexts import ReplayContextBuilder
 
     builder = ReplayContextBuilder(tokenizer, [f"reward_{i}" for i in range(k)], max_context_tokens=8192)
-    scorer = ReplayScorer(model, js_chunk_size=256, micro_batch_size=4)
+    # Unshared: the growth of the method's own cost, (1 + K) contexts each replayed in full.
+    scorer = ReplayScorer(model, js_chunk_size=256, micro_batch_size=4, share_prefix=False)
     prompts, responses, infos = growth_batch(tokenizer, batch, response_length, k, seed=k * 10_000 + response_length)
     needed = torch.ones(batch, k, dtype=torch.bool)
     sequences = [
@@ -411,6 +413,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--samples", type=int, default=3, help="demo batch: samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=24, help="demo batch: new tokens per sample")
     parser.add_argument("--no-demo", action="store_true", help="skip the demo-batch rows")
+    parser.add_argument("--family-samples", type=int, default=8, help="task-family rows: responses per prompt (n)")
+    parser.add_argument("--family-new-tokens", type=int, default=48, help="task-family rows: new tokens per response")
+    parser.add_argument("--family-repeats", type=int, default=1, help="task-family rows: timed repeats (median)")
+    parser.add_argument("--only-families", action="store_true", help="only the task-family (prefix sharing) rows")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a measurement")
     parser.add_argument("--out", default=str(LATEST), help="where to write the Markdown ('' = nowhere)")
     args = parser.parse_args(argv)
@@ -418,6 +424,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     if args.quick:
         args.repeats, args.settings, args.contexts = 1, [(2, 16, 16)], [1]
         args.growth_contexts, args.growth_lengths, args.samples, args.max_new_tokens = [1, 2], [16, 32], 2, 4
+        args.family_samples, args.family_new_tokens = 2, 4
     started = time.perf_counter()
     header = machine_description(sys.argv[1:] if argv is None else argv)
     for text in header:
@@ -427,7 +434,14 @@ def main(argv: list[str] | None = None) -> list[Row]:
     from mrtpo_verl.replay.model_loading import load_causal_lm
 
     model, tokenizer = load_causal_lm(None)
-    rows: list[Row] = []
+    from benchmarks.replay_families import family_rows
+    from mrtpo_verl.demo.tasks import TASKS
+
+    rows: list[Row] = family_rows(
+        model, tokenizer, list(TASKS), args.family_samples, args.family_new_tokens, args.family_repeats
+    )
+    if args.only_families:
+        return _report(rows, header, started, args.out)
     for batch, prompt_length, response_length in args.settings:
         rows += per_pass_rows(model, batch, prompt_length, response_length, args.contexts, args.repeats)
     if not args.no_demo:
@@ -442,10 +456,14 @@ def main(argv: list[str] | None = None) -> list[Row]:
         length_for_k=min(args.growth_k_length, max(args.growth_lengths)),
         repeats=args.stage_repeats,
     )
+    return _report(rows, header, started, args.out)
+
+
+def _report(rows: list[Row], header: list[str], started: float, out: str) -> list[Row]:
     lines = [*table_lines(rows), "", f"total runtime {time.perf_counter() - started:.0f} s"]
     print("\n".join(lines), flush=True)
-    if args.out:  # a str: Path("") would be "." and always true
-        Path(args.out).write_text("\n".join([*header, "", *lines]) + "\n", encoding="utf-8")
+    if out:  # a str: Path("") would be "." and always true
+        Path(out).write_text("\n".join([*header, "", *lines]) + "\n", encoding="utf-8")
     return rows
 
 
