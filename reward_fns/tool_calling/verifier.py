@@ -49,8 +49,12 @@ def compute_score(
         ``tool_correctness_info`` (function names and reference calls, plus the
         problems found in this response).
 
+        The ``total_over_responses`` wrapper adds ``reward/tool_calling/internal_errors``
+        (1.0 when this function failed on the response, which then scores 0).
+
     Raises:
-        ValueError: the ground truth is malformed.
+        reward_fns.total.GroundTruthError: the ground truth is malformed (a ValueError naming
+            data_source and extra_info's index); never raised because of the response.
     """
     reference = parse_ground_truth(ground_truth)
     reference_text = render_reference(reference)
