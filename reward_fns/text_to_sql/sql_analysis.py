@@ -7,7 +7,6 @@ order is part of the answer, and to find which tables a predicted query names.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import sqlglot
@@ -15,9 +14,6 @@ from sqlglot import Token, TokenType, exp
 from sqlglot.errors import ParseError, SqlglotError
 
 SQL_DIALECT = "sqlite"
-# sqlglot logs a warning for each statement it falls back to parsing as an opaque command
-# (EXPLAIN, ...); a policy can emit thousands, and the verifier info says what matters.
-logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 # A statement is a query when its first token is one of these (SQLite's grammar
 # for a select-stmt); anything else (DROP, PRAGMA, ATTACH, ...) is not a query.

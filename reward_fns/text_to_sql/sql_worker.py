@@ -11,6 +11,7 @@ late (`worker_pool`).
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import sys
@@ -69,6 +70,9 @@ def main() -> None:
     # that a stray print (ours or a library's) cannot corrupt the frames.
     replies = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
+    # sqlglot logs a warning for each statement it falls back to parsing as an opaque command
+    # (EXPLAIN, ...); a policy can emit thousands, and the verifier info says what matters.
+    logging.getLogger("sqlglot").setLevel(logging.ERROR)
     import reward_fns.text_to_sql.sql_tasks  # noqa: F401  (imported before "ready": the parent's deadline starts then)
 
     serve(sys.stdin.buffer, replies)

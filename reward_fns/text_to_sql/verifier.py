@@ -291,7 +291,8 @@ def compute_score(
         info_char_limit: Most characters of the schema or gold-result part of an info string.
         isolation: "process" (sandbox worker processes; the default) or "inprocess" (SQLite's own guards
             only; for measuring the cost of isolation, never for training); see `isolation`.
-        sandbox_workers: Worker processes of this process's pool.
+        sandbox_workers: Worker processes of this process's pool (one pool per process; keep this and
+            `sandbox_memory_bytes` the same for every call, since a call with other values replaces the pool).
         sandbox_memory_bytes: Address-space limit of each worker process.
         **unused_kwargs: Ignored; the reward loop may pass arguments meant for other reward functions.
 
