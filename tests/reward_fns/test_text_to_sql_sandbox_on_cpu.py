@@ -37,6 +37,10 @@ HOSTILE_STATEMENTS = {
     "huge-cross-join-rows": "SELECT * FROM city AS a, city AS b",
     "multiple-statements": "SELECT 1; DROP TABLE city",
     "huge-blob": "SELECT zeroblob(900000) FROM city",
+    # 64 rows of 32 values of ~1 MB: 2 GB if fetched in batches before the byte cap is checked.
+    "wide-zeroblob-rows": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM r WHERE i<64) SELECT "
+    + ", ".join(["zeroblob(999999)"] * 32)
+    + " FROM r",
 }
 # Statements that are queries in form, so they pass the format check; the others fail it.
 FORMALLY_VALID_QUERIES = {
@@ -45,6 +49,7 @@ FORMALLY_VALID_QUERIES = {
     "huge-cross-join-aggregate",
     "huge-cross-join-rows",
     "huge-blob",
+    "wide-zeroblob-rows",
 }
 
 
@@ -121,6 +126,7 @@ def test_hostile_responses_score_zero_for_execution(name: str, world_copy: Path,
         ("huge-cross-join-rows", "too_many_rows", "too many rows"),
         ("multiple-statements", "sqlite", "one statement at a time"),
         ("huge-blob", "result_too_large", "result too large"),
+        ("wide-zeroblob-rows", "result_too_large", "result too large"),
     ],
 )
 def test_refusals_say_why(name: str, kind: str, message: str, world_copy: Path, tmp_path: Path) -> None:
