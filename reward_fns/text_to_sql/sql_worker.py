@@ -1,12 +1,12 @@
 """Entry point of one SQL sandbox worker process: `main`, started by `worker_pool` with the limit LIMIT in argv.
 
-The worker limits its own address space to LIMIT bytes (``RLIMIT_AS``; core
-dumps off) before importing anything large, says it is ready, then answers
-requests from its standard input (see `worker_protocol`) one at a time until
-the input closes (its parent closed the pool or died). Every task error
-becomes an ``("error", message)`` reply; the worker itself never stops on one.
-Its deadline is enforced from outside: the parent kills a worker that answers
-late (`worker_pool`).
+Before importing anything large, the worker limits its own address space to LIMIT
+bytes (``RLIMIT_AS``) and the size of any file it writes (``RLIMIT_FSIZE``: SQLite's
+temporary files), and switches core dumps off. It then says it is ready and answers
+requests from its standard input (see `worker_protocol`) one at a time until the
+input closes (its parent closed the pool or died). Every task error becomes an
+``("error", message)`` reply; the worker itself never stops on one. Its deadline is
+enforced from outside: the parent kills a worker that answers late (`worker_pool`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,25 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import signal
 import sys
 from typing import Any, BinaryIO
 
+# Largest file the worker may write. It opens databases read-only, so this bounds SQLite's
+# temporary files: a big ORDER BY spills about 800 MB to the temporary folder within 5 s otherwise.
+MAX_TEMP_FILE_BYTES = 256 * 1024**2
+
 
 def _limit_resources(address_space_bytes: int) -> None:
-    """Caps this process's virtual memory and switches core dumps off."""
+    """Caps this process's virtual memory and file sizes, and switches core dumps off.
+
+    Past the file-size limit a write fails with EFBIG (SQLite: "disk I/O error") instead of
+    raising SIGXFSZ, which would kill the worker.
+    """
     resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_TEMP_FILE_BYTES, MAX_TEMP_FILE_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
 def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:

@@ -21,6 +21,7 @@ import pytest
 
 from reward_fns.text_to_sql import BUNDLED_DB_ROOT, REWARD_KEYS, compute_score
 from reward_fns.text_to_sql.isolation import Isolation
+from reward_fns.text_to_sql.sql_worker import MAX_TEMP_FILE_BYTES
 from reward_fns.text_to_sql.worker_pool import (
     SqlWorkerPool,
     WorkerFailure,
@@ -171,6 +172,21 @@ def test_a_worker_killed_by_a_signal_mid_query_scores_zero_and_is_replaced(world
     assert shared_pool(size=1).worker_pids() not in ([victim], [replacement])
 
 
+def test_a_sort_that_spills_to_temporary_files_stops_at_the_file_size_limit(world_copy: Path) -> None:
+    # About 40 GB of sort records: SQLite writes them to temporary files (800 MB in 5 s here) until
+    # RLIMIT_FSIZE makes the write fail, well before the deadline.
+    spill = (
+        "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM r WHERE i<20000000) "
+        "SELECT i, randomblob(2000) FROM r ORDER BY 2"
+    )
+    assert score(fenced("SELECT 1"), world_copy)["sql_executability"] == 1.0
+    started = time.monotonic()
+    result = score(fenced(spill), world_copy, timeout_s=20.0)
+    assert time.monotonic() - started < 20.0
+    assert "Execution error: OperationalError: disk I/O error" in str(result["sql_executability_info"])
+    assert shared_pool().kills == 0
+
+
 def test_parent_memory_does_not_grow_over_a_thousand_hostile_calls(world_copy: Path, tmp_path: Path) -> None:
     # Cheap hostile answers (each refused or stopped in milliseconds); the expensive ones are above.
     cheap = [
@@ -200,9 +216,11 @@ def test_workers_have_the_memory_limit_and_nothing_is_left_after_close(world_cop
     assert pool.call("check_response", {**request, "row_cap": 10}, 1.0)["rows"] == ((4079,),)
     seen = set(pool.worker_pids())
     assert len(seen) == 1
-    for pid in seen:  # the worker has answered, so it set its limit
-        limits = Path(f"/proc/{pid}/limits").read_text()
-        assert any(line.startswith("Max address space") and "536870912" in line for line in limits.splitlines())
+    for pid in seen:  # the worker has answered, so it set its limits
+        limits = Path(f"/proc/{pid}/limits").read_text().splitlines()
+        assert any(line.startswith("Max address space") and "536870912" in line for line in limits)
+        assert any(line.startswith("Max file size") and str(MAX_TEMP_FILE_BYTES) in line for line in limits)
+        assert any(line.startswith("Max core file size") and " 0 " in line for line in limits)
     with pytest.raises(WorkerFailure, match="killed"):
         pool.call("check_response", {**request, "response": fenced(f"SELECT {PRINTF_BOMB}"), "row_cap": 10}, 0.5)
     seen |= set(pool.worker_pids())
