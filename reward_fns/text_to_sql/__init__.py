@@ -4,7 +4,11 @@ The reward dispatcher routes samples whose data_source is (or starts with) one
 of `DATA_SOURCES` to `compute_score`. The pieces:
 
 * `parse`: the expected response format and the extraction of the query;
+* `limits`: size, encoding and nesting caps checked before any parser runs;
 * `sandbox`: read-only, time- and size-limited execution on SQLite;
+* `worker_pool`, `sql_worker`, `sql_tasks`, `isolation`: the worker processes
+  (memory and file-size limits, a deadline enforced by killing) that run
+  parsing and execution;
 * `compare`: Spider (bag, ORDER BY-aware) and BIRD (set) result equality;
 * `ground_truth`: the ground-truth schema and how database files are found;
 * `verifier`: `compute_score`, which ties them together.

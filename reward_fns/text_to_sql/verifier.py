@@ -12,9 +12,10 @@ Components (each 0.0 or 1.0):
 ``score`` is the unweighted mean of the three, so it lies in {0, 1/3, 2/3, 1}.
 
 Everything that reads or runs the response's SQL (format check, sqlglot parse,
-execution) and the gold query runs in a sandbox worker process (`worker_pool`,
-`isolation`), under the response's deadline; a worker that overruns it is killed
-and the response scores 0 with the reason in every verifier information string.
+execution) runs in a sandbox worker process (`worker_pool`, `isolation`) under the
+response's deadline (`timeout_s`), and so does the gold query (`gold_timeout_s`); a
+worker that overruns its deadline is killed and the response scores 0 with the
+reason in every verifier information string.
 Gold results and schemas are cached in the calling process, so each gold query
 runs once per database file version.
 """
