@@ -6,6 +6,9 @@ verl 0.9.1's reward managers call ``compute_score`` without a try/except, so one
 
 * a ground truth the family cannot read raises :class:`GroundTruthError`, naming ``data_source`` and
   the row's ``extra_info["index"]``: a data error, never a silent 0;
+* a reward setting the family refuses (``reward_kwargs`` such as an unknown ``semantics`` or
+  ``isolation``) raises :class:`RewardConfigError`: a configuration error, never a silent 0 on
+  every sample;
 * anything a *response* triggers inside the verifier (a ``RecursionError`` in a parser, a checker
   bug, a non-finite score) becomes score 0 with every component 0, the error in every verifier
   information string, ``reward/<family>/internal_errors`` = 1.0 for that sample, one log record with
@@ -37,6 +40,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "MAX_RESPONSE_CHARS",
     "GroundTruthError",
+    "RewardConfigError",
     "internal_error_counts",
     "internal_errors_key",
     "row_label",
@@ -57,6 +61,10 @@ _logged_sites: set[tuple[str, str, str, int]] = set()
 
 class GroundTruthError(ValueError):
     """A row's ground truth cannot be read by its family's verifier (a data error, not a response's)."""
+
+
+class RewardConfigError(ValueError):
+    """A reward setting (a ``reward_kwargs`` entry) that the family refuses: raised, never scored as 0."""
 
 
 def internal_errors_key(family: str) -> str:
@@ -112,6 +120,8 @@ def _read_ground_truth_or_raise(family: str, arguments: Mapping[str, Any]) -> No
 
     try:
         read_ground_truth(family, **arguments)
+    except RewardConfigError:
+        raise  # a setting, not this row's data
     except Exception as error:
         raise _named_ground_truth_error(family, arguments, error) from error
 
@@ -210,6 +220,8 @@ def total_over_responses(family: str) -> Callable[[Callable[..., Any]], Callable
                 return _zero_result(family, keys, info, internal_error=False)
             try:
                 return _checked(family, compute_score(*args, **kwargs), keys)
+            except RewardConfigError:
+                raise
             except Exception as error:
                 from reward_fns.ground_truths import GROUND_TRUTH_ERRORS
 

@@ -20,6 +20,7 @@ from reward_fns.text_to_sql.worker_pool import (
     WorkerFailure,
     shared_pool,
 )
+from reward_fns.total import RewardConfigError
 
 ISOLATION_MODES: tuple[str, ...] = ("process", "inprocess")
 
@@ -40,7 +41,10 @@ class Isolation:
 
     def __post_init__(self) -> None:
         if self.mode not in ISOLATION_MODES:
-            raise ValueError(f"unknown text-to-SQL isolation {self.mode!r}; expected one of {ISOLATION_MODES}")
+            raise RewardConfigError(f"unknown text-to-SQL isolation {self.mode!r}; expected one of {ISOLATION_MODES}")
+        for name, value in (("sandbox_workers", self.workers), ("sandbox_memory_bytes", self.memory_limit_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RewardConfigError(f"text-to-SQL {name} must be a positive integer, got {value!r}")
 
     def run(self, task_name: str, kwargs: dict[str, Any], timeout_s: float) -> Any:
         """Runs a task of `sql_tasks.TASKS` and returns its value.

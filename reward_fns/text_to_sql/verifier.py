@@ -35,7 +35,7 @@ from reward_fns.text_to_sql.isolation import Isolation
 from reward_fns.text_to_sql.parse import EXPECTED_FORMAT, ExtractedQuery
 from reward_fns.text_to_sql.sandbox import DEFAULT_ROW_CAP, DEFAULT_TIMEOUT_S, QueryResult, file_signature
 from reward_fns.text_to_sql.worker_pool import DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_WORKERS, WorkerFailure
-from reward_fns.total import total_over_responses
+from reward_fns.total import RewardConfigError, total_over_responses
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def _semantics_for(data_source: str, requested: str | None) -> Semantics:
     for semantics in SEMANTICS:
         if chosen == semantics:
             return semantics
-    raise ValueError(f"unknown text-to-SQL semantics {chosen!r}; expected one of {SEMANTICS}")
+    raise RewardConfigError(f"unknown text-to-SQL semantics {chosen!r}; expected one of {SEMANTICS}")
 
 
 def _format_info(extracted: ExtractedQuery) -> str:
@@ -302,7 +302,9 @@ def compute_score(
         (each 0.0 or 1.0) and one "<component>_info" string per component.
 
     Raises:
-        ValueError: If the ground truth is malformed, or `semantics` or `isolation` is unknown.
+        RewardConfigError: If `semantics`, `isolation` or a sandbox setting is refused (raised through the
+            totality wrapper, never scored as 0).
+        ValueError: If the ground truth is malformed.
         FileNotFoundError: If the database file does not exist.
     """
     del unused_kwargs

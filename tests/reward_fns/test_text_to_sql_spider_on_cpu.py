@@ -18,6 +18,7 @@ from sqlglot import exp
 
 from reward_fns.text_to_sql import BUNDLED_DB_ROOT, DATA_SOURCES, REWARD_KEYS, compute_score
 from reward_fns.text_to_sql.verifier import _cached_gold_outcome, clear_gold_cache
+from reward_fns.total import RewardConfigError, internal_error_counts
 
 EXPECTED_KEYS = {"score", "reward/text_to_sql/internal_errors", *REWARD_KEYS, *(f"{key}_info" for key in REWARD_KEYS)}
 
@@ -219,8 +220,21 @@ def test_malformed_ground_truth_is_a_programmer_error(ground_truth: Any) -> None
 
 def test_unknown_semantics_is_a_programmer_error() -> None:
     ground_truth = {"sql": "SELECT 1", "db_id": "singer"}
-    with pytest.raises(ValueError, match="semantics"):
+    with pytest.raises(RewardConfigError, match="semantics"):
         compute_score("spider", as_response("SELECT 1"), ground_truth, semantics="strict")
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("isolation", "thread"), ("sandbox_workers", 0), ("sandbox_memory_bytes", "1G"), ("sandbox_workers", True)],
+)
+def test_refused_sandbox_settings_raise_instead_of_scoring_zero(setting: str, value: Any) -> None:
+    # A bad reward_kwargs entry would otherwise score every sample of a run 0 as an "internal error".
+    ground_truth = {"sql": "SELECT count(*) FROM singer", "db_id": "singer"}
+    before = internal_error_counts().get("text_to_sql", 0)
+    with pytest.raises(RewardConfigError, match=setting):
+        compute_score("spider", as_response("SELECT count(*) FROM singer"), ground_truth, **{setting: value})
+    assert internal_error_counts().get("text_to_sql", 0) == before
 
 
 def test_reward_loop_keyword_arguments_are_ignored() -> None:
