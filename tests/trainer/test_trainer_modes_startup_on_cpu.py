@@ -107,3 +107,54 @@ def test_staleness_is_verls_formula_and_skips_padding() -> None:
     tags = [{"max_global_steps": 7}, {"max_global_steps": 9}, {"is_padding": True}]
     assert staleness_metrics(tags, global_step=10) == {"mrtpo/staleness/mean": 1.0, "mrtpo/staleness/max": 2.0}
     assert gauge_name_and_tags("mrtpo/staleness/mean") == ("mrtpo_staleness_mean", {})
+
+
+# --- verl 0.9.1 facts the modes rely on; read the upstream change before touching our code if one fails ---
+
+#: sha256 of PPOTrainerSeparateAsync._compute_old_log_prob, whose π_old swap our _replay_weights mirrors.
+VERL_SEPARATE_OLD_LOG_PROB_SHA256 = "eff91c009b2767d2609ecc1b7121489d9ea4ec9482de71c9f3431f1afa4f6c4c"
+
+
+def test_separate_async_old_log_prob_swap_we_mirror_is_unchanged() -> None:
+    import hashlib
+    import inspect
+
+    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+
+    source = inspect.getsource(PPOTrainerSeparateAsync._compute_old_log_prob)
+    assert hashlib.sha256(source.encode()).hexdigest() == VERL_SEPARATE_OLD_LOG_PROB_SHA256, (
+        "verl's separate_async old-log-prob weight swap changed: re-read it and update _replay_weights"
+    )
+
+
+def test_verl_base_trainer_branches_on_the_mode_name_we_report() -> None:
+    """Why our classes report verl's mode name: verl compares trainer_mode with "sync" and reads trainer.v1.<mode>."""
+    import inspect
+
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    source = inspect.getsource(PPOTrainer)
+    assert "self.trainer_mode = self.config.trainer.v1.trainer_mode" in source
+    assert 'ReplayBuffer if self.trainer_mode == "sync" else ReplayBufferAsync' in source
+    assert 'self.config.trainer.v1.get(self.trainer_mode, {}).get("parameter_sync_step", 1)' in source
+
+
+def test_verl_replay_buffer_materialises_whole_prompt_groups() -> None:
+    """The proof that groups stay whole rests on this: trajectories are selected by their prompt uid."""
+    import inspect
+
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    source = inspect.getsource(ReplayBuffer._materialize_batch)
+    assert 'uid = key.split("_")[0]' in source and "if uid in selected:" in source
+
+
+def test_our_separate_async_worker_has_verls_and_our_methods() -> None:
+    from verl.experimental.separation.engine_workers import DetachActorWorker
+
+    from mrtpo_verl.trainer.actor_workers import MRTPODetachActorWorker, mrtpo_actor_class
+
+    assert mrtpo_actor_class(DetachActorWorker) is MRTPODetachActorWorker
+    for name in ("save_model_to_cpu", "restore_model_from_cpu", "clear_cpu_model", "compute_mrtpo_relevance"):
+        assert callable(getattr(MRTPODetachActorWorker, name)), name
+    assert mrtpo_actor_class(object) is None
