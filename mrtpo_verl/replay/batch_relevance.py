@@ -4,7 +4,8 @@ Shared by every placement (a Ray worker, the actor's own processes, or in-proces
 compute the same thing. The request layout is :func:`mrtpo_verl.trainer.replay_stage.build_request`'s:
 
 - batch ``prompts`` (bs, P) with ``attention_mask`` (bs, P + L) marking each prompt's own tokens,
-  ``responses`` (bs, L), ``response_mask`` (bs, L), ``mrtpo_needed`` (bs, K) bool;
+  ``responses`` (bs, L), ``response_mask`` (bs, L), ``mrtpo_needed`` (bs, K) bool and, optionally,
+  ``mrtpo_group_constant`` (bs, K) bool (the verifier-order rule's flags over the whole batch);
 - non_tensor_batch: one verifier-information array per reward (in reward order) and, when verl
   kept it, ``raw_prompt`` (chat messages), which is preferred over the prompt ids.
 
@@ -20,13 +21,15 @@ from typing import Any
 import torch
 from verl.protocol import DataProto
 
-from mrtpo_verl.replay.contexts import ReplayContextBuilder, count_truncated_verifiers
+from mrtpo_verl.replay.contexts import ReplayContextBuilder, count_truncated_verifiers, group_constant_flags
 from mrtpo_verl.replay.scorer import ReplayScorer
 
 __all__ = ["relevance_for_request"]
 
 RELEVANCE_KEY = "mrtpo_relevance"
 NEEDED_KEY = "mrtpo_needed"
+#: (bs, K) bool in the request: verifier text k of a row is the same in its whole group (the order rule's input).
+GROUP_CONSTANT_KEY = "mrtpo_group_constant"
 
 
 def _prompts(request: DataProto) -> list[Any]:
@@ -48,6 +51,17 @@ def _verifier_rows(request: DataProto, info_keys: Sequence[str]) -> list[list[An
     return [[column[row] for column in columns] for row in range(len(request))]
 
 
+def group_constant_tensor(prompts: Sequence[Any], infos: Sequence[Sequence[Any]]) -> torch.Tensor:
+    """(bs, K) bool :func:`~mrtpo_verl.replay.contexts.group_constant_flags` of a whole batch, for the request."""
+    flags = group_constant_flags(prompts, infos)
+    return torch.tensor(flags, dtype=torch.bool).reshape(len(prompts), -1)
+
+
+def request_group_constant(data: DataProto, info_keys: Sequence[str]) -> torch.Tensor:
+    """:func:`group_constant_tensor` of a batch in the request layout (``raw_prompt`` or prompt ids)."""
+    return group_constant_tensor(_prompts(data), _verifier_rows(data, info_keys))
+
+
 def relevance_for_request(
     request: DataProto, builder: ReplayContextBuilder, scorer: ReplayScorer, info_keys: Sequence[str]
 ) -> DataProto:
@@ -66,11 +80,18 @@ def relevance_for_request(
     response_length = request.batch["responses"].shape[1]
     rows_needed = needed.any(dim=1)
     prompts, responses, infos = _prompts(request), _responses(request), _verifier_rows(request, info_keys)
+    # The order rule's flags over the whole batch when the driver sent them (a DP split may cut a group).
+    constant = (
+        request.batch[GROUP_CONSTANT_KEY].tolist()
+        if GROUP_CONSTANT_KEY in request.batch.keys()  # noqa: SIM118 (TensorDict refuses `in` on itself)
+        else group_constant_flags(prompts, infos)
+    )
     # Rows with nothing to replay need no contexts either (exact skipping reaches the tokenizer too).
     built = builder.build_batch(
         [prompts[i] for i in range(len(request)) if rows_needed[i]],
         [responses[i] for i in range(len(request)) if rows_needed[i]],
         [infos[i] for i in range(len(request)) if rows_needed[i]],
+        [constant[i] for i in range(len(request)) if rows_needed[i]],
     )
     relevance = torch.zeros(len(request), needed.shape[1], response_length)
     # Called even with nothing to score: a sharded (colocated) scorer's passes are collectives, so a rank

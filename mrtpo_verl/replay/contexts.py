@@ -49,6 +49,7 @@ __all__ = [
     "ReplayContextBuilder",
     "ReplayContexts",
     "count_truncated_verifiers",
+    "group_constant_flags",
     "verifier_order",
 ]
 
@@ -185,30 +186,36 @@ class ReplayContextBuilder:
         prompts: Sequence[Any],
         responses: Sequence[Any],
         verifier_infos: Sequence[Sequence[str | None]],
+        group_constant: Sequence[Sequence[bool]] | None = None,
     ) -> list[ReplayContexts]:
         """:meth:`build` over a batch; use :func:`count_truncated_verifiers` for the truncation metric.
 
-        A group is the rows with the same prompt; a verifier text is group-constant where every row of the
-        group has the same text (after ``strip``; blank counts as absent) — see :func:`verifier_order`.
+        Args:
+            group_constant: (bs, K) flags from :meth:`group_constant_flags` over the *whole* batch, when this is
+                only a shard of it (a data-parallel split may cut a group); None = computed over these rows.
         """
         if not len(prompts) == len(responses) == len(verifier_infos):
             raise ValueError(
                 f"batch sizes differ: {len(prompts)} prompts, {len(responses)} responses, "
                 f"{len(verifier_infos)} verifier-info rows"
             )
-        texts = [self._verifier_texts(info) for info in verifier_infos]
-        groups: dict[Any, list[int]] = {}
-        for row, prompt in enumerate(prompts):
-            groups.setdefault(_prompt_key(prompt), []).append(row)
-        constant: list[Sequence[bool]] = [()] * len(prompts)
-        for rows in groups.values():
-            flags = tuple(len({texts[row][k] for row in rows}) == 1 for k in range(len(self.reward_keys)))
-            for row in rows:
-                constant[row] = flags
+        if group_constant is None:
+            group_constant = self.group_constant_flags(prompts, verifier_infos)
+        elif len(group_constant) != len(prompts):
+            raise ValueError(f"{len(group_constant)} group-constant rows for {len(prompts)} prompts")
+        constant = group_constant
         return [
             self.build(prompt, response, info, constant[row])
             for row, (prompt, response, info) in enumerate(zip(prompts, responses, verifier_infos, strict=True))
         ]
+
+    def group_constant_flags(
+        self, prompts: Sequence[Any], verifier_infos: Sequence[Sequence[str | None]]
+    ) -> list[tuple[bool, ...]]:
+        """:func:`group_constant_flags` with this builder's reward count checked."""
+        for info in verifier_infos:
+            self._verifier_texts(info)
+        return group_constant_flags(prompts, verifier_infos)
 
     # --- verifier block -------------------------------------------------------------------------------------
 
@@ -350,6 +357,32 @@ class ReplayContextBuilder:
         """Token length of the longest of C and the C_-k (usually C; tokenization is not strictly additive)."""
         blocks = [self._block(texts, None, included), *(self._block(texts, k, included) for k in included)]
         return max(len(self._tokenize(render(block))) for block in blocks)
+
+
+def group_constant_flags(
+    prompts: Sequence[Any], verifier_infos: Sequence[Sequence[str | None]]
+) -> list[tuple[bool, ...]]:
+    """(bs, K): whether each row's text k is the same for every row with the same prompt (its group).
+
+    Texts are compared after ``strip`` (blank = absent). A group of one row has every text constant. Computed
+    over the whole batch by the driver (``build_request``), so that a data-parallel split that cuts a group
+    does not change the verifier order, hence the contexts.
+    """
+    texts = [[_stripped(info) for info in row] for row in verifier_infos]
+    groups: dict[Any, list[int]] = {}
+    for row, prompt in enumerate(prompts):
+        groups.setdefault(_prompt_key(prompt), []).append(row)
+    constant: list[tuple[bool, ...]] = [()] * len(prompts)
+    for rows in groups.values():
+        width = len(texts[rows[0]])
+        flags = tuple(len({texts[row][k] for row in rows}) == 1 for k in range(width))
+        for row in rows:
+            constant[row] = flags
+    return constant
+
+
+def _stripped(info: Any) -> Any:
+    return info.strip() or None if isinstance(info, str) else info
 
 
 def verifier_order(texts: Sequence[str | None], group_constant: Sequence[bool] | None = None) -> list[int]:

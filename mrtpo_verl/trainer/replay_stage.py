@@ -25,6 +25,7 @@ from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.estimator import RELEVANCE_KEY, replay_needed, reward_component_matrix
 from mrtpo_verl.metrics import relevance_metrics
 from mrtpo_verl.ray_metrics import publish
+from mrtpo_verl.replay.batch_relevance import GROUP_CONSTANT_KEY, request_group_constant
 from mrtpo_verl.workers.replay_worker import RANK_TIME_KEY
 
 __all__ = ["NEEDED_KEY", "ReplayBackend", "ReplayStage", "ReplayWorkerFailed", "build_replay_stage", "build_request"]
@@ -68,7 +69,10 @@ def build_request(data: DataProto, cfg: MRTPOConfig, needed: torch.Tensor) -> Da
     non_tensors = {key: data.non_tensor_batch[key] for key in cfg.verifier_info_keys}
     if "raw_prompt" in data.non_tensor_batch:
         non_tensors["raw_prompt"] = data.non_tensor_batch["raw_prompt"]
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+    request = DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+    # Verifier-order flags over the whole batch: the DP split below may cut a group (replay/contexts.py).
+    request.batch[GROUP_CONSTANT_KEY] = request_group_constant(request, cfg.verifier_info_keys)
+    return request
 
 
 def check_verifier_information(data: DataProto, cfg: MRTPOConfig) -> None:

@@ -143,7 +143,7 @@ def test_shared_replay_equals_unshared(
     stats = result.stats
     assert len(calls) == stats.model_calls
     assert stats.replayed_tokens + stats.prefix_tokens_shared == unshared_tokens(items, needed)
-    assert 0 < stats.prefix_tokens_shared and stats.replayed_tokens < reference.stats.replayed_tokens
+    assert stats.prefix_tokens_shared > 0 and stats.replayed_tokens < reference.stats.replayed_tokens
     if not skip:
         assert stats.forward_passes == reference.stats.forward_passes
     if max_cache_tokens < 65536:  # the budgets held: rows × rest, and rows × (cached prefix + rest) for the cache

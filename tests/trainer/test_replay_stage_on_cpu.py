@@ -88,7 +88,10 @@ def test_skipping_is_exact(stage_result) -> None:
     (q_skip, m_skip), (q_all, m_all) = results[True], results[False]
     assert m_skip["mrtpo/replay/forward_passes"] == m_all["mrtpo/replay/forward_passes"] - 2
     assert m_skip["mrtpo/replay/skip_fraction"] == pytest.approx(2 / 12)
-    assert torch.equal(q_skip[:, 0], q_all[:, 0]) and torch.equal(q_skip[:2], q_all[:2])
+    # Equal up to float rounding: with prefix sharing (the default) skipping changes which passes share a cached
+    # prefix, so the same numbers are summed in another order (bitwise equal with share_prefix=false).
+    torch.testing.assert_close(q_skip[:, 0], q_all[:, 0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(q_skip[:2], q_all[:2], atol=1e-5, rtol=0)
     assert (q_skip[2:, 1] == 0).all() and (q_all[2:, 1] > 0).any()
     advantages = []
     for q in (q_skip, q_all):
@@ -96,7 +99,7 @@ def test_skipping_is_exact(stage_result) -> None:
         b.batch[RELEVANCE_KEY] = q
         with advantage_inputs(b, mrtpo_config(), global_step=3):
             advantages.append(compute_advantage(b, adv_estimator="mrtpo", config=algo()).batch["advantages"])
-    assert torch.equal(advantages[0], advantages[1])
+    torch.testing.assert_close(advantages[0], advantages[1], atol=1e-4, rtol=0)
 
 
 def test_missing_verifier_information_fails_before_any_replay() -> None:
