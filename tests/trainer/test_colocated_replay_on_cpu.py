@@ -7,7 +7,9 @@ sharded model in place. Checked against the in-process scorer on the same weight
 - every pair needed: the same relevance (each rank scores its own rows);
 - one row needed: one rank has work and the other none, so the idle rank must run idle forward
   passes to keep FSDP's all-gathers in step (without them the busy rank would wait forever);
-- both a tied LM head (SmolLM2, in FSDP's root group) and an untied one (sharded on its own).
+- both a tied LM head (SmolLM2, in FSDP's root group) and an untied one (sharded on its own);
+- prefix sharing on the colocated side (each shared prefix's cache built by a call of the wrapped root module,
+  one more collective pass that every rank counts) against the unshared in-process path.
 
 The only stand-in: Ray's placement groups ask for GPUs, so the cluster declares two logical GPUs;
 every tensor lives on the CPU.
@@ -36,7 +38,16 @@ from tests.support.real_batch import INFO_KEYS, REWARD_KEYS, real_sql_batch
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # a collective out of step would hang: fail instead
 
 RANKS = 2
-CFG = MRTPOConfig(reward_keys=REWARD_KEYS, verifier_info_keys=INFO_KEYS, replay=ReplayConfig(micro_batch_size=2))
+# The colocated replay shares prefixes (the default, min_shared_tokens=1: the deepest tree, most collective calls);
+# the in-process reference does not, so the check covers sharing on verl's FSDP2 engine against the plain path.
+CFG = MRTPOConfig(
+    reward_keys=REWARD_KEYS,
+    verifier_info_keys=INFO_KEYS,
+    replay=ReplayConfig(micro_batch_size=2, share_prefix=True, min_shared_tokens=1),
+)
+UNSHARED = MRTPOConfig(
+    reward_keys=REWARD_KEYS, verifier_info_keys=INFO_KEYS, replay=ReplayConfig(micro_batch_size=2, share_prefix=False)
+)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +122,7 @@ def in_process(model_dir: Path) -> InProcessBackend:
     from mrtpo_verl.replay.model_loading import load_causal_lm
 
     model, tokenizer = load_causal_lm(str(model_dir), dtype=torch.float32)
-    return InProcessBackend(CFG, model, tokenizer)
+    return InProcessBackend(UNSHARED, model, tokenizer)
 
 
 def test_all_pairs_match_the_in_process_scorer(actor_group, in_process: InProcessBackend) -> None:
@@ -124,6 +135,10 @@ def test_all_pairs_match_the_in_process_scorer(actor_group, in_process: InProces
     torch.testing.assert_close(answer.batch[RELEVANCE_KEY], expected.batch[RELEVANCE_KEY], atol=1e-5, rtol=0)
     assert float(answer.batch["mrtpo_forward_passes"].sum()) == len(data) * (1 + len(REWARD_KEYS))
     assert len(answer.meta_info["metrics"][RANK_TIME_KEY]) == RANKS  # both ranks worked and reported
+    shared = float(answer.batch["mrtpo_prefix_tokens_shared"].sum())
+    assert shared > 0 and float(expected.batch["mrtpo_prefix_tokens_shared"].sum()) == 0
+    replayed = float(answer.batch["mrtpo_tokens_replayed"].sum())
+    assert replayed + shared == float(expected.batch["mrtpo_tokens_replayed"].sum())  # same passes, fewer tokens
 
 
 def test_a_rank_without_work_keeps_the_busy_rank_in_step(actor_group, in_process: InProcessBackend) -> None:
