@@ -22,7 +22,11 @@ from tests.support.real_batch import INFO_KEYS, REWARD_KEYS, real_sql_batch, smo
 
 pytestmark = pytest.mark.slow
 
+# The replay workers share prefixes (the default); the in-process reference replays every context in full.
 CFG = MRTPOConfig(reward_keys=REWARD_KEYS, verifier_info_keys=INFO_KEYS, replay=ReplayConfig(micro_batch_size=4))
+UNSHARED = MRTPOConfig(
+    reward_keys=REWARD_KEYS, verifier_info_keys=INFO_KEYS, replay=ReplayConfig(micro_batch_size=4, share_prefix=False)
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,7 @@ def two_node_cluster():
 
 def in_process_relevance(data) -> torch.Tensor:
     model, tokenizer = smollm2()
-    return InProcessBackend(CFG, model, tokenizer).compute_relevance(request_of(data)).batch[RELEVANCE_KEY]
+    return InProcessBackend(UNSHARED, model, tokenizer).compute_relevance(request_of(data)).batch[RELEVANCE_KEY]
 
 
 def request_of(data):
