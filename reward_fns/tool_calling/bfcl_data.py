@@ -13,15 +13,19 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 from typing import Any
 
+from reward_fns.tool_calling.source_values import JAVA, JAVASCRIPT, PYTHON
+
 BFCL_DATA_PACKAGE = "bfcl_eval"
 # Single-turn categories with Python-typed answers, BFCL v4's own and the user-contributed "live" ones.
-# The Java and JavaScript categories hold source-code strings ("new ArrayList<>()") that BFCL converts
-# with language-specific rules; this verifier does not implement those.
 NON_LIVE_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple")
 # Three live items have possible answers that no answer satisfies (BFCL's checker rejects all of
 # them too): the ground-truth reader refuses them, so preparing these needs --drop-unreadable.
 LIVE_CATEGORIES = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
 PYTHON_AST_CATEGORIES = NON_LIVE_CATEGORIES + LIVE_CATEGORIES
+# Java and JavaScript functions: the model writes each argument as source text ("new ArrayList<>()"),
+# read by BFCL's conversion rules (``source_values``).
+SOURCE_LANGUAGE_BY_CATEGORY = {"simple_java": JAVA, "simple_javascript": JAVASCRIPT}
+AST_CATEGORIES = PYTHON_AST_CATEGORIES + tuple(SOURCE_LANGUAGE_BY_CATEGORY)
 
 
 @dataclass(frozen=True)
@@ -33,16 +37,21 @@ class BfclItem:
         question: the chat turns (a list of turns, each a list of messages).
         functions: BFCL function docs.
         possible_answers: one ``{function: {argument: [acceptable values]}}`` per expected call.
+        language: ``python``, ``java`` or ``javascript``.
     """
 
     id: str
     question: list[Any]
     functions: list[dict[str, Any]]
     possible_answers: list[dict[str, Any]]
+    language: str = PYTHON
 
     def ground_truth(self) -> dict[str, Any]:
-        """The ground truth in the verifier's BFCL form ``{"functions", "answers"}``."""
-        return {"functions": self.functions, "answers": self.possible_answers}
+        """The ground truth in the verifier's BFCL form ``{"functions", "answers"}`` (``"language"`` unless Python)."""
+        truth: dict[str, Any] = {"functions": self.functions, "answers": self.possible_answers}
+        if self.language != PYTHON:
+            truth["language"] = self.language
+        return truth
 
 
 def bfcl_data_dir() -> Traversable:
@@ -79,6 +88,7 @@ def load_bfcl_category(category: str) -> list[BfclItem]:
             question=question["question"],
             functions=question["function"],
             possible_answers=answers[question["id"]],
+            language=SOURCE_LANGUAGE_BY_CATEGORY.get(category, PYTHON),
         )
         for question in questions
     ]

@@ -54,6 +54,7 @@ from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
 
 from reward_fns.tool_calling.parse import ToolCall
 from reward_fns.tool_calling.reference import ReferenceCall, ToolCallingReference
+from reward_fns.tool_calling.source_values import PYTHON, read_source_value
 from reward_fns.tool_calling.values import normalize_string, value_problem
 
 __all__ = ["CallScore", "CallSetScore", "names_match", "normalize_string", "score_call", "score_calls"]
@@ -99,13 +100,21 @@ def _ratio(numerator: int, denominator: int) -> float:
     return 1.0 if denominator == 0 else numerator / denominator
 
 
-def score_call(call: ToolCall, reference: ReferenceCall, properties: Mapping[str, Mapping[str, Any]]) -> CallScore:
+def score_call(
+    call: ToolCall,
+    reference: ReferenceCall,
+    properties: Mapping[str, Mapping[str, Any]],
+    language: str = PYTHON,
+    source_nodes: Mapping[str, Mapping[str, Any]] | None = None,
+) -> CallScore:
     """Score one model call against one reference call (formula in the module docstring).
 
     Args:
         call: the model's call.
         reference: the expected call.
         properties: the reference function's argument schemas (``{}`` when unknown).
+        language: ``java`` / ``javascript``: values are source text, converted first (``source_values``).
+        source_nodes: the argument schemas with the language's type names (Java / JavaScript).
 
     Returns:
         The score parts and the problems found.
@@ -122,7 +131,14 @@ def score_call(call: ToolCall, reference: ReferenceCall, properties: Mapping[str
     correct = 0
     for argument in sorted(hits):
         value = call.arguments[argument]
-        problem = value_problem(value, reference.acceptable_values[argument], properties.get(argument))
+        readable, converted = True, value
+        if language != PYTHON and source_nodes and argument in source_nodes:
+            readable, converted = read_source_value(language, value, source_nodes[argument])
+        problem = (
+            value_problem(converted, reference.acceptable_values[argument], properties.get(argument))
+            if readable
+            else "wrong type"
+        )
         if problem == "wrong type":
             problems.append(f"{reference.name}.{argument}: wrong type {type(value).__name__}")
         elif problem is not None:
@@ -137,10 +153,12 @@ def score_call(call: ToolCall, reference: ReferenceCall, properties: Mapping[str
     )
 
 
-def _properties_of(reference: ToolCallingReference, name: str) -> Mapping[str, Mapping[str, Any]]:
-    """The argument schemas of function ``name``; empty when no schema was given."""
-    schema = reference.schema_for(name)
-    return schema.properties if schema is not None else {}
+def _score_against(call: ToolCall, expected: ReferenceCall, reference: ToolCallingReference) -> CallScore:
+    """``score_call`` with the expected function's schemas (none when no schema was given)."""
+    schema = reference.schema_for(expected.name)
+    if schema is None:
+        return score_call(call, expected, {})
+    return score_call(call, expected, schema.properties, reference.language, schema.source_nodes)
 
 
 @dataclass(frozen=True)
@@ -169,7 +187,7 @@ def score_calls(calls: Sequence[ToolCall], reference: ToolCallingReference) -> C
     expected = reference.calls
     if not calls:
         return CallSetScore(correctness=0.0, problems=("no tool call",))
-    scores = [[score_call(call, ref, _properties_of(reference, ref.name)) for ref in expected] for call in calls]
+    scores = [[_score_against(call, ref, reference) for ref in expected] for call in calls]
     totals = np.array([[score.total for score in row] for row in scores])
     call_rows, reference_columns = linear_sum_assignment(totals, maximize=True)
     matched = list(zip(call_rows.tolist(), reference_columns.tolist(), strict=True))

@@ -22,12 +22,18 @@ Accepted ``ground_truth`` (a dict, or the same as a JSON string):
   (a dict value of a dict argument becomes the pattern ``{key: [value]}``).
 
 ``functions`` is optional; without it each argument takes the type of its
-acceptable value. Anything else is an
-error that names the problem.
+acceptable value.
+
+An optional ``"language"`` (``"python"``, the default, ``"java"`` or ``"javascript"``; BFCL's
+``simple_java`` and ``simple_javascript``) says the functions use that language's type names
+(``String``, ``long``, ``HashMap``, ``Bigint``, ...) and the model gives every argument as a string
+of source text, converted by BFCL's rules before the value rules apply (``source_values``); it
+needs ``functions``. Anything else is an error that names the problem.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Mapping
@@ -36,9 +42,10 @@ from typing import Any
 
 from reward_fns.tool_calling.parse import ToolCall, parse_response
 from reward_fns.tool_calling.schema_types import validate_schema_types
+from reward_fns.tool_calling.source_values import LANGUAGES, PYTHON, python_node, source_text
 from reward_fns.tool_calling.values import OPTIONAL_MARKER, acceptable_instance, expected_types
 
-_GROUND_TRUTH_KEYS = frozenset({"functions", "answers", "calls"})
+_GROUND_TRUTH_KEYS = frozenset({"functions", "answers", "calls", "language"})
 
 
 @dataclass(frozen=True)
@@ -49,11 +56,15 @@ class FunctionSchema:
         name: function name.
         properties: argument name → JSON-schema node.
         required: arguments the schema marks required.
+        source_nodes: for a Java / JavaScript function, argument → the schema node with the
+            language's type names (``properties`` then holds the canonical kinds the converted
+            values must have); empty for Python.
     """
 
     name: str
     properties: Mapping[str, Mapping[str, Any]]
     required: frozenset[str]
+    source_nodes: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,10 +89,12 @@ class ToolCallingReference:
     Attributes:
         functions: the function schemas shown to the model (may be empty).
         calls: the expected calls (at least one); their order does not matter.
+        language: ``python``, ``java`` or ``javascript`` (how argument values are written).
     """
 
     functions: tuple[FunctionSchema, ...]
     calls: tuple[ReferenceCall, ...]
+    language: str = PYTHON
 
     def schema_for(self, name: str) -> FunctionSchema | None:
         """The schema of function ``name``, or None when no schema was given."""
@@ -99,20 +112,33 @@ def _plain_data(value: Any) -> Any:
     return value
 
 
-def _function_schema(doc: Any, index: int) -> FunctionSchema:
-    """Read one BFCL / OpenAI function doc."""
+def _function_schema(doc: Any, index: int, language: str) -> FunctionSchema:
+    """Read one BFCL / OpenAI function doc (Java / JavaScript type names for those languages)."""
     if isinstance(doc, Mapping) and doc.get("type") == "function" and isinstance(doc.get("function"), Mapping):
         doc = doc["function"]
     if not isinstance(doc, Mapping) or not isinstance(doc.get("name"), str):
         raise ValueError(f"ground_truth functions[{index}] must be an object with a string 'name'")
     name = doc["name"]
     parameters = doc.get("parameters") or {}
-    validate_schema_types(parameters, name)
+    if language == PYTHON:
+        validate_schema_types(parameters, name)
     properties = parameters.get("properties") or {}
     required = parameters.get("required") or []
     if not isinstance(properties, Mapping) or not isinstance(required, list):
         raise ValueError(f"function {name!r}: 'properties' must be an object and 'required' a list")
-    return FunctionSchema(name=name, properties=dict(properties), required=frozenset(required))
+    if language == PYTHON:
+        return FunctionSchema(name=name, properties=dict(properties), required=frozenset(required))
+    for argument, node in properties.items():
+        if not isinstance(node, Mapping):
+            raise ValueError(f"schema of {name}.{argument} must be an object, got {type(node).__name__}")
+    return FunctionSchema(
+        name=name,
+        properties={
+            argument: python_node(language, node, f"{name}.{argument}") for argument, node in properties.items()
+        },
+        required=frozenset(required),
+        source_nodes=dict(properties),
+    )
 
 
 def _acceptable_values_from_answer(answer: Any, index: int) -> tuple[str, dict[str, tuple[Any, ...]]]:
@@ -184,6 +210,20 @@ def _check_dict_patterns(name: str, acceptable: Mapping[str, tuple[Any, ...]], s
                 raise ValueError(f"{name}.{argument}: dict pattern keys {bad} must map to lists of acceptable values")
 
 
+def _check_text_item_lists(name: str, acceptable: Mapping[str, tuple[Any, ...]], schema: FunctionSchema | None) -> None:
+    """A Java / JS list whose items are read as text cannot equal an acceptable list with other items."""
+    for argument, alternatives in acceptable.items():
+        node = schema.properties.get(argument) if schema and schema.source_nodes else None
+        if not node or node.get("type") != "array" or node["items"]["type"] != "string":
+            continue
+        lists = [a for a in alternatives if type(a) is list]
+        if lists and all(any(type(item) is not str for item in a) for a in lists):
+            raise ValueError(
+                f"{name}.{argument}: its items are read as text, so no value equals the acceptable list(s) "
+                f"{lists} (they hold non-text items)"
+            )
+
+
 def _reference_call(
     name: str, acceptable: dict[str, tuple[Any, ...]], schema: FunctionSchema | None, exact: bool
 ) -> ReferenceCall:
@@ -195,6 +235,7 @@ def _reference_call(
             for argument, values in acceptable.items()
         }
     _check_dict_patterns(name, acceptable, schema)
+    _check_text_item_lists(name, acceptable, schema)
     mandatory = {argument for argument, values in acceptable.items() if OPTIONAL_MARKER not in values}
     if schema is not None:
         unanswerable = schema.required - acceptable.keys()
@@ -246,12 +287,17 @@ def _parse_ground_truth_data(ground_truth: Any) -> ToolCallingReference:
     functions_raw = data.get("functions") or []
     if not isinstance(functions_raw, list):
         raise ValueError("ground_truth 'functions' must be a list")
-    functions = tuple(_function_schema(doc, index) for index, doc in enumerate(functions_raw))
+    language = data.get("language", PYTHON)
+    if language not in LANGUAGES:
+        raise ValueError(f"ground_truth 'language' must be one of {list(LANGUAGES)}, got {language!r}")
+    if language != PYTHON and not functions_raw:
+        raise ValueError(f"ground_truth in {language} needs 'functions' (their types say how to read the values)")
+    functions = tuple(_function_schema(doc, index, language) for index, doc in enumerate(functions_raw))
     entries = data.get("answers", data.get("calls"))
     if not isinstance(entries, list) or not entries:
         raise ValueError("ground_truth must hold at least one expected call")
     read_entry = _acceptable_values_from_answer if "answers" in data else _acceptable_values_from_exact_call
-    reference = ToolCallingReference(functions=functions, calls=())
+    reference = ToolCallingReference(functions=functions, calls=(), language=language)
     calls = []
     for index, entry in enumerate(entries):
         name, acceptable = read_entry(entry, index)
@@ -259,22 +305,43 @@ def _parse_ground_truth_data(ground_truth: Any) -> ToolCallingReference:
         if functions and schema is None:
             raise ValueError(f"reference call {name!r} is not among the functions {[f.name for f in functions]}")
         calls.append(_reference_call(name, acceptable, schema, exact="calls" in data))
-    return ToolCallingReference(functions=functions, calls=tuple(calls))
+    return ToolCallingReference(functions=functions, calls=tuple(calls), language=language)
 
 
-def _gold_arguments(call: ReferenceCall, schema: FunctionSchema | None) -> dict[str, Any]:
+def answer_value(
+    alternatives: tuple[Any, ...], argument: str, schema: FunctionSchema | None, language: str = PYTHON
+) -> Any:
+    """A value a model could give that the rules accept: the first acceptable one, as source text in Java / JS.
+
+    Args:
+        alternatives: the argument's acceptable values (at least one is not ``""``).
+        argument: the argument's name.
+        schema: the function's schema (None when unknown).
+        language: the reference's language.
+
+    Returns:
+        The value (a string of source text for Java / JavaScript).
+    """
+    value = acceptable_instance(alternatives, schema.properties.get(argument) if schema else None)
+    if language == PYTHON or schema is None or argument not in schema.source_nodes:
+        return value
+    return source_text(language, value, schema.source_nodes[argument])
+
+
+def _gold_arguments(call: ReferenceCall, schema: FunctionSchema | None, language: str) -> dict[str, Any]:
     """Mandatory arguments with their first concrete acceptable value."""
-    properties = schema.properties if schema else {}
     arguments = {}
     for argument, values in call.acceptable_values.items():
         # BFCL sometimes lists "" first even for an argument its schema requires.
         if argument in call.mandatory and any(value != OPTIONAL_MARKER for value in values):
-            arguments[argument] = acceptable_instance(values, properties.get(argument))
+            arguments[argument] = answer_value(values, argument, schema, language)
     return arguments
 
 
 def gold_calls(reference: ToolCallingReference) -> list[ToolCall]:
     """One correct answer: the first acceptable (non-``""``) value of each argument, optional ones omitted.
+
+    For Java / JavaScript each value is written as source text (``source_values.source_text``).
 
     Args:
         reference: the normalised reference.
@@ -283,6 +350,6 @@ def gold_calls(reference: ToolCallingReference) -> list[ToolCall]:
         One call per reference call, in reference order.
     """
     return [
-        ToolCall(name=call.name, arguments=_gold_arguments(call, reference.schema_for(call.name)))
+        ToolCall(name=call.name, arguments=_gold_arguments(call, reference.schema_for(call.name), reference.language))
         for call in reference.calls
     ]

@@ -155,6 +155,33 @@ def test_tool_calling_categories_option(tmp_path: Path) -> None:
     assert {row["data_source"] for row in rows(frames)} == {"bfcl/parallel"}
 
 
+def test_tool_calling_java_and_javascript(tmp_path: Path) -> None:
+    # simple_java_36, _64 and _65 cannot be satisfied (test_tool_calling_bfcl_agreement_on_cpu).
+    frames = prepare(
+        "prepare_tool_calling.py",
+        tmp_path / "tool",
+        *("--categories", "simple_java", "simple_javascript", "--drop-unreadable"),
+        max_samples=None,
+    )
+    written = rows(frames)
+    assert len(written) == 100 + 50 - 3
+    languages = {"bfcl/simple_java": ("java", "Java"), "bfcl/simple_javascript": ("javascript", "JavaScript")}
+    for row in written:
+        language, name = languages[row["data_source"]]
+        truth = json.loads(row["reward_model"]["ground_truth"])
+        assert truth["language"] == language
+        system = row["prompt"][0]["content"]
+        assert f"holding {name} source text" in system and TOOL_FORMAT in system
+        # The model sees every parameter as a string, its language type told in words.
+        for function in truth["functions"]:
+            for node in function["parameters"]["properties"].values():
+                assert f"{name} {node['type']}, written as" in system or node["type"] == "any"
+        assert '"type": "string"' in system
+        gold = render_tool_call_blocks(gold_calls(parse_ground_truth(truth)))
+        result = score(row, gold, "tool_calling")
+        assert (result["tool_format"], result["tool_correctness"]) == (1.0, 1.0)
+
+
 @pytest.mark.parametrize("max_constraints", [3, 1])
 def test_instruction_following_from_ifeval_and_ifbench(tmp_path: Path, max_constraints: int) -> None:
     frames = prepare("prepare_instruction_following.py", tmp_path / "if", "--max-constraints", str(max_constraints))
