@@ -6,8 +6,8 @@ scored by the family's real reward function, whose verifier texts (all K of them
 (response, reward) pair is replayed (exact skipping off: the worst case). Timed interleaved, one after the
 other in every repeat:
 
-- the replay stage with prefix sharing (``share_prefix=True``, ``min_shared_tokens`` = the config default, and
-  = 1: the deepest tree — more, smaller forward calls for fewer tokens),
+- the replay stage with prefix sharing (``share_prefix=True``, ``min_shared_tokens`` = the config default 1: the
+  deepest tree, and = 16: fewer, larger forward calls for more tokens),
 - the replay stage without (every context from its first token),
 - verl's old-log-prob pass over the same n responses after their prompts (full logits + ``logprobs_from_logits``,
   one unpadded sequence at a time, as in the other rows of ``replay_cost``).
@@ -80,10 +80,9 @@ def _measure_family(model: Any, batch: FamilyBatch, tokenizer: Any, repeats: int
     samples = len(batch.responses)
     builder = ReplayContextBuilder(tokenizer, batch.reward_keys, max_context_tokens=8192)
     needed = torch.ones(samples, len(batch.reward_keys), dtype=torch.bool)
-    default_min = ReplayConfig.min_shared_tokens
     scorers = {
-        f"shared (min_shared_tokens={default_min})": ReplayScorer(model, share_prefix=True),
-        "shared (min_shared_tokens=1)": ReplayScorer(model, share_prefix=True, min_shared_tokens=1),
+        f"shared (min_shared_tokens={ReplayConfig.min_shared_tokens}, default)": ReplayScorer(model),
+        "shared (min_shared_tokens=16)": ReplayScorer(model, share_prefix=True, min_shared_tokens=16),
         "unshared": ReplayScorer(model, share_prefix=False),
     }
     stats: dict[str, Any] = {}

@@ -54,7 +54,7 @@ class ReplayConfig:
     verifier_item_template: str = "[{name}]\n{info}"
     skip_zero_advantage: bool = True
     share_prefix: bool = True
-    min_shared_tokens: int = 16
+    min_shared_tokens: int = 1
     max_cache_tokens: int = 65536
     on_worker_failure: str = "error"
     dedicated_workers: int = 1

@@ -16,9 +16,20 @@ Exact skipping (SPEC §1.7): a not-needed (response, k) pair gets no pass and q 
 identical to the full one (reward without verifier information) gets no pass and q = 0 exactly; a response
 with no pair left to compare gets no pass at all, not even the full context.
 
-Memory: passes run in the order of the responses (full context first), and a response's hidden states are
-reduced to q and freed as soon as its last pass is done, so at most ``micro_batch_size + K + 1`` sequences'
-``(T, hidden)`` states are held at a time.
+Prefix sharing (``share_prefix``, default on; :mod:`~mrtpo_verl.replay.prefix_tree`): every context prefix
+shared by two or more passes (the group's rendered prompt, the verifier texts placed first) runs once, with its
+key/value cache kept, and each pass runs only its remainder ``context[D:] + response`` against the cache of
+the deepest shared prefix it reaches (D tokens): batched across the contexts and responses that share it, with
+the attention mask covering the D cached tokens and position ids counting on from D (left or right padding of
+the remainders alike). The tokens fed are exactly those of the unshared path, so q is the same up to float
+rounding (tested to 1e-5 in float32). ``max_cache_tokens`` bounds rows × (D + longest remainder) per call, i.e.
+the key/value cache held at once besides the one-row caches of the current tree path.
+
+Memory: without sharing, passes run in the order of the responses (full context first), and a response's hidden
+states are reduced to q and freed as soon as its last pass is done, so at most ``micro_batch_size + K + 1``
+sequences' ``(T, hidden)`` states are held at a time. With sharing the tree runs depth first, so the states
+held are at most those of the passes below one shared prefix whose responses are not finished — in practice
+one prompt group's ``n × (1 + K)`` passes.
 
 The model must be a transformers ``*ForCausalLM`` whose logits are ``lm_head(decoder(...).last_hidden_state)``
 (Llama, Qwen, Mistral, SmolLM, ...); models that post-process logits (soft-capping, logit scaling) are refused.

@@ -104,7 +104,7 @@ def test_family_batches_are_real_groups(families: dict[str, tuple[list[ReplayCon
 @pytest.mark.parametrize(
     ("padding_side", "micro_batch_size", "max_tokens", "max_cache_tokens", "min_shared", "skip"),
     [
-        ("right", 8, 4096, 65536, 16, False),  # defaults, every pair needed (exact skipping off)
+        ("right", 8, 4096, 65536, 16, False),  # default budgets, shallower tree, every pair needed (skipping off)
         ("left", 2, 96, 700, 1, True),  # tight micro-batch and cache budgets, deepest tree, some pairs skipped
     ],
 )
