@@ -139,7 +139,9 @@ def score_call(
             if readable
             else "wrong type"
         )
-        if problem == "wrong type":
+        if not readable and type(value) is str:
+            problems.append(f"{reference.name}.{argument}: {language} source text too long or a number too large")
+        elif problem == "wrong type":
             problems.append(f"{reference.name}.{argument}: wrong type {type(value).__name__}")
         elif problem is not None:
             problems.append(f"{reference.name}.{argument}: wrong value {_short(value)}")

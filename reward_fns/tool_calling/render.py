@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reward_fns.tool_calling.parse import ToolCall
-from reward_fns.tool_calling.reference import OPTIONAL_MARKER, ReferenceCall, ToolCallingReference
+from reward_fns.tool_calling.reference import OPTIONAL_MARKER, ReferenceCall, ToolCallingReference, gold_calls
+from reward_fns.tool_calling.source_values import PYTHON
 
 EXPECTED_FORMAT = (
     "Expected format: one or more <tool_call>...</tool_call> blocks, each holding a JSON object "
@@ -87,9 +88,16 @@ def render_reference(reference: ToolCallingReference) -> str:
         reference: the normalised ground truth.
 
     Returns:
-        Two short lines.
+        Two short lines; for Java / JavaScript a third, one accepted answer with its values as
+        source text (the reference lists the values after conversion).
     """
     functions = ", ".join(function.name for function in reference.functions) or "(no schemas given)"
     calls = "; ".join(render_reference_call(call) for call in reference.calls)
     order_note = " (any order)" if len(reference.calls) > 1 else ""
-    return f"Functions: {functions}\nReference call(s){order_note}: {calls}"
+    text = f"Functions: {functions}\nReference call(s){order_note}: {calls}"
+    if reference.language != PYTHON:
+        written = "; ".join(
+            _literal({"name": call.name, "arguments": call.arguments}) for call in gold_calls(reference)
+        )
+        text += f"\nValues are {reference.language} source text; one accepted answer: {written}"
+    return text

@@ -48,6 +48,12 @@ which is why no parser library is used), are:
   with its outer quotes stripped and then read without a type.
 * Reading without a type: ``true``/``false``, a quoted text → its inside, Python's ``int()``, else
   ``float()``, else the text.
+
+One deliberate difference: a collection (Java ``Array``, ``ArrayList``, ``HashMap``; JavaScript
+``array``, ``dict``) written in more than ``MAX_COLLECTION_CHARS`` characters is not read and counts
+as the wrong type. BFCL's patterns search the text from every position, which takes time quadratic
+in its length (30 s for a hostile 256 KiB Java ``HashMap`` text here); the longest gold value in
+BFCL's Java and JavaScript data has 152 characters.
 """
 
 from __future__ import annotations
@@ -82,6 +88,8 @@ JAVASCRIPT_KINDS: dict[str, str] = {
 }
 KINDS_BY_LANGUAGE = {JAVA: JAVA_KINDS, JAVASCRIPT: JAVASCRIPT_KINDS}
 _UNCONVERTIBLE_JAVA = frozenset({"Set", "Hashtable", "Queue", "Stack"})
+# Longest collection text read (module docstring): at most ~10 ms per value on one CPU core here.
+MAX_COLLECTION_CHARS = 4096
 
 _DIGITS = re.compile(r"-?\d+$")
 _JAVA_LONG = re.compile(r"-?\d+[lL]$")
@@ -286,13 +294,15 @@ def read_source_value(language: str, value: Any, node: Mapping[str, Any]) -> tup
         node: the parameter's schema node with the language's type names.
 
     Returns:
-        ``(False, value)`` when the value is not a string (BFCL: the wrong type) or its number
-        cannot be read (Python refuses ints of over 4300 digits; BFCL's checker fails on them),
-        else ``(True, converted value)``.
+        ``(False, value)`` when the value is not a string (BFCL: the wrong type), is a collection
+        over ``MAX_COLLECTION_CHARS`` long, or its number cannot be read (Python refuses ints of
+        over 4300 digits; BFCL's checker fails on them), else ``(True, converted value)``.
     """
     if type(value) is not str:
         return False, value
     type_name, item_type = _node_types(node)
+    if len(value) > MAX_COLLECTION_CHARS and KINDS_BY_LANGUAGE[language][type_name] in ("array", "dict"):
+        return False, value
     read = java_value if language == JAVA else javascript_value
     try:
         return True, read(value, type_name, item_type)

@@ -1,12 +1,12 @@
 """Agreement with BFCL's own ``ast_checker`` (the installed ``bfcl-eval``) on every single-turn AST category.
 
 For every item of ``simple_python, multiple, parallel, parallel_multiple, live_simple, live_multiple,
-live_parallel, live_parallel_multiple, simple_java, simple_javascript`` (2,499 items, no sampling)
+live_parallel, live_parallel_multiple, simple_java, simple_javascript`` (2,501 items, no sampling)
 the test builds answers from the
 gold and deterministic corruptions of it: every argument given, the last acceptable alternatives,
 a wrong function name, each argument dropped, each argument given a wrong value and a wrong type,
 an explicit null for each omitted argument, an unknown argument, and for parallel items reversed,
-missing and duplicated calls (about 40,000 answers). In Java and JavaScript every value is source
+missing and duplicated calls (about 42,700 answers). In Java and JavaScript every value is source
 text (the gold's from ``source_values.source_text``), so a wrong type is also tried as source: the
 text quoted as a string literal, or a quoted text unquoted. BFCL accepts an answer exactly when our
 ``tool_correctness`` is 1, with the differences below, each checked, not just listed:

@@ -27,10 +27,12 @@ from reward_fns.tool_calling.render import render_tool_call_blocks
 from reward_fns.tool_calling.source_values import (
     JAVA_KINDS,
     JAVASCRIPT_KINDS,
+    MAX_COLLECTION_CHARS,
     java_source,
     java_value,
     javascript_source,
     javascript_value,
+    read_source_value,
 )
 
 EDGE_CASES = [
@@ -211,6 +213,25 @@ def test_java_answers_are_scored_after_conversion() -> None:
     assert "Cache.put.ttl: wrong type int" in plain_python["tool_correctness_info"]
     no_suffix = _score({"ttl": "60", "keys": 'new ArrayList<>(Arrays.asList("a", "b"))'})
     assert no_suffix["tool_correctness"] < 1.0 and "Cache.put.ttl: wrong" in no_suffix["tool_correctness_info"]
+    # The verifier information shows the values as the model must write them.
+    written = (
+        '{"name": "Cache.put", "arguments": {"ttl": "60L", "keys": "new ArrayList<>(Arrays.asList(\\"a\\", \\"b\\"))"}}'
+    )
+    assert f"Values are java source text; one accepted answer: {written}" in no_suffix["tool_correctness_info"]
+
+
+def test_collections_over_the_length_limit_are_not_read() -> None:
+    """BFCL's patterns take quadratic time on long texts: a longer collection is the wrong type."""
+    keys = ", ".join(['"a"'] * (MAX_COLLECTION_CHARS // 6))
+    within = f"new ArrayList<>(Arrays.asList({keys}))"
+    assert len(within) <= MAX_COLLECTION_CHARS
+    assert read_source_value("java", within, {"type": "ArrayList", "items": {"type": "String"}})[0]
+    hostile = "new HashMap<" * (256 * 1024 // 12)  # 30 s for BFCL's patterns
+    assert read_source_value("java", hostile, {"type": "HashMap"}) == (False, hostile)
+    result = _score({"ttl": "60L", "keys": f"new ArrayList<>(Arrays.asList({keys}, {keys}))"})
+    assert result["tool_correctness"] < 1.0
+    assert "Cache.put.keys: java source text too long or a number too large" in result["tool_correctness_info"]
+    assert _score({"ttl": "6" * 5000 + "L", "keys": within})["tool_correctness"] < 1.0
 
 
 @pytest.mark.parametrize(
