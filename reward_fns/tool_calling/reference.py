@@ -27,8 +27,9 @@ acceptable value.
 An optional ``"language"`` (``"python"``, the default, ``"java"`` or ``"javascript"``; BFCL's
 ``simple_java`` and ``simple_javascript``) says the functions use that language's type names
 (``String``, ``long``, ``HashMap``, ``Bigint``, ...) and the model gives every argument as a string
-of source text, converted by BFCL's rules before the value rules apply (``source_values``); it
-needs ``functions``. Anything else is an error that names the problem.
+of source text, converted by BFCL's rules before the value rules apply (``source_values``); the
+acceptable values (in ``answers`` or ``calls``) are the converted Python values. It needs
+``functions``. Anything else is an error that names the problem.
 """
 
 from __future__ import annotations
