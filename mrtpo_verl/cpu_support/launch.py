@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mrtpo_verl.cpu_support.distributed import SETUP_HOOK
 
-__all__ = ["CPU_ENV", "apply_cpu_env", "cpu_overrides", "save_derived_model"]
+__all__ = ["CPU_ENV", "apply_cpu_env", "cpu_overrides", "save_derived_model", "separate_async_overrides"]
 
 CPU_ENV = {
     "VERL_PLATFORM": "cpu",
@@ -67,13 +67,19 @@ def cpu_overrides(
     n: int,
     total_steps: int,
     ray_cpus: int = 16,
+    logical_gpus: int = 1,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """Hydra overrides (on ``mrtpo_trainer``) that run verl's trainer on one CPU 'device'."""
+    """Hydra overrides (on ``mrtpo_trainer``) that run verl's trainer on one CPU 'device'.
+
+    ``logical_gpus``: Ray's GPU count (logical; see :mod:`mrtpo_verl.cpu_support.platform`): one for
+    the trainer's pool, plus one per standalone rollout replica in ``separate_async``
+    (:func:`separate_async_overrides`).
+    """
     env_vars = ",".join(f"{key}:'{value}'" for key, value in CPU_ENV.items())
     return [
-        # Ray: one logical GPU bundle (verl's resource pools ask for GPUs), enough logical CPUs.
-        "+ray_kwargs.ray_init.num_gpus=1",
+        # Ray: logical GPU bundles (verl's resource pools ask for GPUs), enough logical CPUs.
+        f"+ray_kwargs.ray_init.num_gpus={logical_gpus}",
         f"ray_kwargs.ray_init.num_cpus={ray_cpus}",
         "+ray_kwargs.ray_init.include_dashboard=false",
         f"+ray_kwargs.ray_init.runtime_env.env_vars={{{env_vars}}}",
@@ -129,4 +135,30 @@ def cpu_overrides(
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         "transfer_queue.backend.SimpleStorage.total_storage_size=10000",
         *extra,
+    ]
+
+
+def separate_async_overrides(*, batch_size: int, n: int, parameter_sync_step: int) -> list[str]:
+    """Overrides (after :func:`cpu_overrides` with ``logical_gpus=2``) for verl's ``separate_async`` on CPU.
+
+    One standalone ``hf`` rollout replica on its own logical GPU bundle (``rollout.nnodes`` x
+    ``n_gpus_per_node`` = 1), the actor's weights pushed to it by the ``gloo`` checkpoint engine
+    (:mod:`mrtpo_verl.cpu_support.gloo_checkpoint_engine`, loaded through verl's
+    ``checkpoint_engine.custom_backend_module``), and ``parameter_sync_step`` mini-steps of
+    ``batch_size / parameter_sync_step`` prompts (x ``n`` responses, one micro-batch) per step (verl's rule).
+    """
+    if batch_size % parameter_sync_step:
+        raise ValueError(f"batch_size {batch_size} is not a multiple of parameter_sync_step {parameter_sync_step}")
+    mini = batch_size // parameter_sync_step
+    return [
+        "trainer.v1.trainer_mode=mrtpo_separate_async",
+        f"trainer.v1.separate_async.parameter_sync_step={parameter_sync_step}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini * n}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={mini * n}",
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
+        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=mrtpo_verl.cpu_support.gloo_checkpoint_engine",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
     ]

@@ -2,8 +2,8 @@
 
 ``import verl`` imports it (``verl/__init__.py``: ``import_external_libs``) before any code asks
 for the platform, so the CPU platform is in ``PlatformRegistry`` when verl first resolves one.
-With ``VERL_PLATFORM=cpu`` it also registers verl's FSDP engine for ``cpu`` and the ``hf``
-rollout.
+With ``VERL_PLATFORM=cpu`` it also registers verl's FSDP engine for ``cpu``, the ``hf``
+rollout and the ``gloo`` checkpoint engine (``separate_async``'s weight push to its standalone pool).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def register_hf_rollout() -> None:
 
 
 def install() -> None:
-    """Register the CPU engine and the ``hf`` rollout with verl (idempotent)."""
+    """Register the CPU engine, the ``hf`` rollout and the ``gloo`` checkpoint engine with verl (idempotent)."""
+    from mrtpo_verl.cpu_support import gloo_checkpoint_engine  # noqa: F401  (CheckpointEngineRegistry: "gloo")
     from mrtpo_verl.cpu_support.engine import register_cpu_engines
 
     register_cpu_engines()

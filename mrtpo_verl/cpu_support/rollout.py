@@ -10,7 +10,10 @@ verl 0.9.1 has two registries for a rollout backend, and this module fills both 
 - ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` — the *adapter* class that verl's
   ``ActorRolloutRefWorker`` builds inside the actor process (``get_rollout_class``): here
   :class:`HFServerAdapter`, which receives the actor's weights in verl's ``naive``
-  (colocated) weight sync and loads them into the server.
+  (colocated) weight sync and loads them into the server. In a standalone replica
+  (``separate_async``) verl builds the adapter inside a ``CheckpointEngineWorker`` instead, which
+  feeds it what the checkpoint engine received (on CPU the ``gloo`` engine,
+  :mod:`mrtpo_verl.cpu_support.gloo_checkpoint_engine`).
 
 The server generates with ``model.generate`` one request at a time (CPU), sampling with the
 request's temperature / top-p / top-k, at most ``rollout.response_length`` new tokens.
@@ -37,13 +40,24 @@ import ray
 import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+from verl.workers.rollout.utils import ensure_async_iterator
 
-__all__ = ["ROLLOUT_NAME", "HFLLMServer", "HFReplica", "HFServerAdapter", "server_name"]
+__all__ = [
+    "ROLLOUT_NAME",
+    "WEIGHTS_LOADED",
+    "HFLLMServer",
+    "HFReplica",
+    "HFServerAdapter",
+    "parameter_checksum",
+    "server_name",
+]
 
 logger = logging.getLogger(__name__)
 
 #: ``actor_rollout_ref.rollout.name`` of this backend (registered by :mod:`mrtpo_verl.cpu_support.register`).
 ROLLOUT_NAME = "hf"
+#: Start of the line a server prints after loading weights (tests read it from the run's log).
+WEIGHTS_LOADED = "hf rollout: loaded weights"
 
 
 def server_name(replica_rank: int) -> str:
@@ -59,10 +73,17 @@ class HFLLMServer:
         prompt_length, response_length: the rollout config's lengths (cap on new tokens).
         torch_threads: intra-op threads of this process.
         seed: seed of the sampling generator (the rollout config's ``seed``).
+        replica_rank: the replica this server belongs to (named in its log lines).
     """
 
     def __init__(
-        self, model_path: str, prompt_length: int, response_length: int, torch_threads: int = 1, seed: int = 0
+        self,
+        model_path: str,
+        prompt_length: int,
+        response_length: int,
+        torch_threads: int = 1,
+        seed: int = 0,
+        replica_rank: int = -1,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -71,6 +92,7 @@ class HFLLMServer:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
         self.model.eval()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.replica_rank = replica_rank
         self.prompt_length = prompt_length
         self.response_length = response_length
         self.global_steps: int | None = None
@@ -166,6 +188,12 @@ class HFLLMServer:
         self.weight_version += 1
         if global_steps is not None:
             self.global_steps = global_steps
+        # One line per load (Ray forwards it to the driver's log): which replica got which weights.
+        print(
+            f"{WEIGHTS_LOADED} replica={self.replica_rank} global_steps={self.global_steps} "
+            f"version={self.weight_version} checksum={parameter_checksum(self.model)!r}",
+            flush=True,
+        )
         return time.perf_counter() - start
 
     async def set_global_steps(self, global_steps: int) -> None:
@@ -176,7 +204,7 @@ class HFLLMServer:
 
     async def state_dict_checksum(self) -> float:
         """Sum of all parameters (tests compare it with the actor's)."""
-        return float(sum(p.detach().double().sum() for p in self.model.parameters()))
+        return parameter_checksum(self.model)
 
     # -- lifecycle verl's replicas and checkpoint manager call; nothing to free on CPU ------
     async def wake_up(self) -> None:
@@ -217,6 +245,11 @@ class HFLLMServer:
         return None
 
 
+def parameter_checksum(model: torch.nn.Module) -> float:
+    """Sum of every parameter in float64 (tied weights once): equal models give equal sums."""
+    return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
 class _StopOnFlag:
     """A ``transformers`` stopping criterion: stop every sequence once ``flag`` is set (abort)."""
 
@@ -252,6 +285,7 @@ class HFReplica(RolloutReplica):
                 response_length=int(self.config.response_length),
                 torch_threads=threads,
                 seed=int(getattr(self.config, "seed", 0)),
+                replica_rank=self.replica_rank,
             )
         )
         await server.get_weight_version.remote()  # wait until the model is loaded
@@ -296,7 +330,8 @@ class HFServerAdapter(BaseRollout):
             raise NotImplementedError(f"hf rollout: weight wire format {wire_format!r} (only named_tensors)")
         start = time.perf_counter()
         state_dict = {}
-        for name, tensor in weights:
+        # naive sync hands a generator; a checkpoint engine's receive_weights (separate_async) an async one.
+        async for name, tensor in ensure_async_iterator(weights):
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
             state_dict[name] = full.detach().to("cpu", copy=True)
         if self.rollout_rank != 0:

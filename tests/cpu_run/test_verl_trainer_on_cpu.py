@@ -70,7 +70,13 @@ def setup_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_trainer(
-    setup: Path, name: str, estimator: str, steps: int, extra: tuple[str, ...] = (), env_extra: dict | None = None
+    setup: Path,
+    name: str,
+    estimator: str,
+    steps: int,
+    extra: tuple[str, ...] = (),
+    env_extra: dict | None = None,
+    logical_gpus: int = 1,
 ) -> dict:
     """One ``mrtpo_verl.main_ppo`` run in a subprocess; returns its dir, return code, log and metrics by step."""
     out = setup / name
@@ -85,6 +91,7 @@ def run_trainer(
         batch_size=BATCH,
         n=N,
         total_steps=steps,
+        logical_gpus=logical_gpus,
         extra=(
             f"algorithm.adv_estimator={estimator}",
             "reward.custom_reward_function.path=pkg://reward_fns.dispatch",
