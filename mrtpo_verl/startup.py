@@ -103,7 +103,8 @@ def _check_trainer_mode(config: DictConfig, mode: str, estimator: str) -> None:
     if backend == "naive":
         raise MRTPOConfigError(
             f"actor_rollout_ref.rollout.checkpoint_engine.backend: 'naive' with trainer_mode={mode} (allowed: nccl, "
-            "nixl, mooncake, …; verl's rule): the standalone rollout pool receives weights through a checkpoint engine"
+            "nixl, mooncake, …; verl's rule; on CPU: gloo, from mrtpo_verl.cpu_support): the standalone rollout "
+            "pool receives weights through a checkpoint engine"
         )
     # With mrtpo.replay.placement=colocated the replay runs on the trainer's pool (the actor's processes),
     # never on the standalone rollout pool, which holds no trainer weights (README "Trainer modes").

@@ -5,8 +5,8 @@ The same CPU backend and data as ``test_verl_trainer_on_cpu.py`` with
 batch while training, aborts unfinished requests when a step's sampling ends and resumes them after
 the weight push (partial rollouts, served by the ``hf`` rollout's abort/resume), samples with
 verl's ``ReplayBufferAsync`` and checkpoints TransferQueue. Runs: ``mrtpo`` for 2 steps
-(checkpoint at each), a resume from step 1, and ``gdpo`` for 1 step. ``separate_async`` is not run
-on CPU: verl asserts an nccl/nixl/mooncake checkpoint engine for it (README "verl's real trainer on CPU").
+(checkpoint at each), a resume from step 1, and ``gdpo`` for 1 step. ``separate_async`` runs in
+``test_separate_async_trainer_on_cpu.py`` (weights pushed by the ``gloo`` checkpoint engine).
 """
 
 from __future__ import annotations
