@@ -29,6 +29,7 @@ from reward_fns.text_to_sql.worker_pool import (
     shared_pool,
 )
 from reward_fns.text_to_sql.worker_protocol import decode_body
+from reward_fns.total import RewardConfigError
 
 DEADLINE_S = 1.0
 # The bound: a hostile response costs at most its deadline plus half a second.
@@ -280,10 +281,11 @@ def test_inprocess_isolation_gives_the_same_scores_for_ordinary_answers(world_co
         isolated = score(fenced(sql), world_copy)
         in_process = score(fenced(sql), world_copy, isolation="inprocess")
         assert isolated == in_process
-    with pytest.raises(ValueError, match="isolation"):
+    with pytest.raises(RewardConfigError, match="isolation"):
         Isolation("thread")
-    # compute_score's totality wrapper (reward_fns.total) reports it instead of raising.
-    assert "unknown text-to-SQL isolation 'thread'" in str(score(fenced("SELECT 1"), world_copy, isolation="thread"))
+    # A refused setting is configuration, not a response's doing: the totality wrapper raises it.
+    with pytest.raises(RewardConfigError, match="unknown text-to-SQL isolation 'thread'"):
+        score(fenced("SELECT 1"), world_copy, isolation="thread")
 
 
 def test_replies_may_hold_plain_data_only() -> None:
