@@ -8,17 +8,29 @@
   ``import verl`` import :mod:`mrtpo_verl.cpu_support.register` (verl's ``VERL_USE_EXTERNAL_MODULES``).
 - :func:`cpu_overrides`: the hydra overrides of a CPU run (logical GPUs for Ray's placement
   groups, the ``hf`` rollout, fp32 FSDP, small batches, one agent/reward worker).
+- :func:`run_main_ppo`: one ``python -m mrtpo_verl.main_ppo`` run in a subprocess, its log and
+  its file-logged metrics by step (shared by tests/cpu_run and ``benchmarks.step_overhead``).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mrtpo_verl.cpu_support.distributed import SETUP_HOOK
 
-__all__ = ["CPU_ENV", "apply_cpu_env", "cpu_overrides", "save_derived_model", "separate_async_overrides"]
+__all__ = [
+    "CPU_ENV",
+    "apply_cpu_env",
+    "cpu_overrides",
+    "run_main_ppo",
+    "save_derived_model",
+    "separate_async_overrides",
+]
 
 CPU_ENV = {
     "VERL_PLATFORM": "cpu",
@@ -162,3 +174,39 @@ def separate_async_overrides(*, batch_size: int, n: int, parameter_sync_step: in
         "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=mrtpo_verl.cpu_support.gloo_checkpoint_engine",
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
     ]
+
+
+def run_main_ppo(
+    out_dir: Path, overrides: Sequence[str], timeout_s: float, env_extra: Mapping[str, str] | None = None
+) -> dict:
+    """Run ``python -m mrtpo_verl.main_ppo <overrides>`` in ``out_dir`` (created; must not exist).
+
+    The run gets :data:`CPU_ENV` and verl's file logger (``out_dir/metrics.jsonl``); add
+    ``trainer.logger=[console,file]`` to ``overrides`` to fill it. Returns ``{"dir", "returncode",
+    "log", "metrics"}``, ``metrics`` being ``{step: {metric name: value}}``. A run past ``timeout_s``
+    raises :class:`subprocess.TimeoutExpired` (a hang fails instead of blocking).
+    """
+    out_dir.mkdir()
+    env = {**os.environ, **CPU_ENV, "VERL_FILE_LOGGER_PATH": str(out_dir / "metrics.jsonl"), **(env_extra or {})}
+    log_path = out_dir / "log.txt"
+    with log_path.open("w") as log:
+        result = subprocess.run(
+            [sys.executable, "-m", "mrtpo_verl.main_ppo", *overrides],
+            env=env,
+            cwd=out_dir,  # hydra writes its outputs/ folder into the working directory
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+            check=False,
+        )
+    metrics: dict[int, dict] = {}
+    if (out_dir / "metrics.jsonl").exists():
+        for line in (out_dir / "metrics.jsonl").read_text().splitlines():
+            entry = json.loads(line)
+            metrics[int(entry["step"])] = entry["data"]
+    return {
+        "dir": out_dir,
+        "returncode": result.returncode,
+        "log": log_path.read_text(errors="replace"),
+        "metrics": metrics,
+    }

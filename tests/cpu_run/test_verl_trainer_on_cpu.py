@@ -16,14 +16,11 @@ and 3), a resume of that run from its step-2 checkpoint with the replay on a ded
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from mrtpo_verl.cpu_support.launch import CPU_ENV, cpu_overrides, save_derived_model
+from mrtpo_verl.cpu_support.launch import cpu_overrides, run_main_ppo, save_derived_model
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +77,6 @@ def run_trainer(
 ) -> dict:
     """One ``mrtpo_verl.main_ppo`` run in a subprocess; returns its dir, return code, log and metrics by step."""
     out = setup / name
-    out.mkdir()
     overrides = cpu_overrides(
         model_path=setup / "model",
         train_files=setup / "train.parquet",
@@ -107,25 +103,7 @@ def run_trainer(
             *extra,
         ),
     )
-    env = {**os.environ, **CPU_ENV, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), **(env_extra or {})}
-    log_path = out / "log.txt"
-    with log_path.open("w") as log:
-        result = subprocess.run(
-            [sys.executable, "-m", "mrtpo_verl.main_ppo", *overrides],
-            env=env,
-            cwd=out,  # hydra writes its outputs/ folder into the working directory
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
-    text = log_path.read_text(errors="replace")
-    metrics: dict[int, dict] = {}
-    if (out / "metrics.jsonl").exists():
-        for line in (out / "metrics.jsonl").read_text().splitlines():
-            entry = json.loads(line)
-            metrics[int(entry["step"])] = entry["data"]
-    return {"dir": out, "returncode": result.returncode, "log": text, "metrics": metrics}
+    return run_main_ppo(out, overrides, RUN_TIMEOUT_S, env_extra)
 
 
 def require_success(run: dict) -> dict:
