@@ -79,8 +79,13 @@ def shortest_sql_rows(out_dir: Path, count: int, model_dir: Path) -> int:
     )
     frame = pd.read_parquet(source / "train.parquet")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # Rendered text, then tokenized: apply_chat_template(tokenize=True) returns a dict in recent transformers.
     lengths = [
-        len(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True))
+        len(
+            tokenizer(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False))[
+                "input_ids"
+            ]
+        )
         for messages in frame["prompt"]
     ]
     frame = frame.assign(tokens=lengths).sort_values("tokens", kind="stable").head(count)
