@@ -50,6 +50,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--response-length", type=int, default=48, help="max response tokens (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=3, help="steps per run, the first is warm-up (default: 3)")
     parser.add_argument("--rounds", type=int, default=1, help="times each configuration runs (default: 1)")
+    parser.add_argument(
+        "--skip-zero-advantage",
+        action="store_true",
+        help="keep MRTPO's exact skipping on (default off: short responses often score alike in a group, and "
+        "skipping would then replay nothing; off measures the replay of every (group, reward) pair, its upper bound)",
+    )
     parser.add_argument("--quick", action="store_true", help="2 prompts, 16 tokens, 2 steps: a check that it runs")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep run folders here (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -169,6 +175,7 @@ def run_configuration(root: Path, name: str, round_index: int, args: argparse.Na
             f"mrtpo.verifier_info_keys=[{','.join(key + '_info' for key in REWARD_KEYS)}]",
             "trainer.logger=[console,file]",
             "data.seed=7",
+            f"mrtpo.replay.skip_zero_advantage={str(args.skip_zero_advantage).lower()}",
         ),
     )
     run = run_main_ppo(out, overrides, RUN_TIMEOUT_S)
@@ -190,7 +197,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"SmolLM2-135M-Instruct (30 layers, fp32), verl CPU backend; {args.prompts} Spider prompts "
             f"(<= {prompt_length} tokens) x n={args.n}, response <= {args.response_length} tokens, "
-            f"{args.steps} steps per run, {args.rounds} round(s); run order: {', '.join(CONFIGURATIONS)}",
+            f"{args.steps} steps per run, {args.rounds} round(s), skip_zero_advantage={args.skip_zero_advantage}; "
+            f"run order: {', '.join(CONFIGURATIONS)}",
             flush=True,
         )
         runs: dict[str, list[dict[int, dict]]] = {name: [] for name in CONFIGURATIONS}
