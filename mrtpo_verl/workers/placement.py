@@ -159,7 +159,7 @@ class ColocatedBackend:
     def __init__(self, actor_group: Any, cfg: MRTPOConfig) -> None:
         if not hasattr(actor_group, "compute_mrtpo_relevance"):
             raise TypeError(
-                "mrtpo.replay.placement=colocated needs the actor worker group built by the mrtpo_sync trainer "
+                "mrtpo.replay.placement=colocated needs the actor worker group built by an mrtpo trainer (any v1 mode) "
                 f"(MRTPOActorRolloutRefWorker); {type(actor_group).__name__} has no compute_mrtpo_relevance"
             )
         self.group = actor_group
