@@ -153,7 +153,7 @@ def table(summaries: list[Summary]) -> list[str]:
 
 
 def run_configuration(root: Path, name: str, round_index: int, args: argparse.Namespace, prompt_length: int) -> dict:
-    from mrtpo_verl.cpu_support.launch import cpu_overrides, run_main_ppo
+    from mrtpo_verl.cpu_support.launch import cpu_overrides, reward_overrides, run_main_ppo
 
     out = root / f"{name.replace(' ', '_')}_{round_index}"
     overrides = cpu_overrides(
@@ -168,11 +168,7 @@ def run_configuration(root: Path, name: str, round_index: int, args: argparse.Na
         total_steps=args.steps,
         extra=(
             *CONFIGURATIONS[name],
-            "reward.custom_reward_function.path=pkg://reward_fns.dispatch",
-            "reward.custom_reward_function.name=compute_score",
-            "+reward.custom_reward_function.reward_kwargs.families=[text_to_sql]",
-            f"mrtpo.reward_keys=[{','.join(REWARD_KEYS)}]",
-            f"mrtpo.verifier_info_keys=[{','.join(key + '_info' for key in REWARD_KEYS)}]",
+            *reward_overrides(["text_to_sql"], REWARD_KEYS, [key + "_info" for key in REWARD_KEYS]),
             "trainer.logger=[console,file]",
             "data.seed=7",
             f"mrtpo.replay.skip_zero_advantage={str(args.skip_zero_advantage).lower()}",

@@ -8,6 +8,8 @@
   ``import verl`` import :mod:`mrtpo_verl.cpu_support.register` (verl's ``VERL_USE_EXTERNAL_MODULES``).
 - :func:`cpu_overrides`: the hydra overrides of a CPU run (logical GPUs for Ray's placement
   groups, the ``hf`` rollout, fp32 FSDP, small batches, one agent/reward worker).
+- :func:`reward_overrides`: our ``reward_fns`` as verl's custom reward function, with the reward
+  keys and verifier-information keys MRTPO reads.
 - :func:`run_main_ppo`: one ``python -m mrtpo_verl.main_ppo`` run in a subprocess, its log and
   its file-logged metrics by step (shared by tests/cpu_run and ``benchmarks.step_overhead``).
 """
@@ -27,6 +29,7 @@ __all__ = [
     "CPU_ENV",
     "apply_cpu_env",
     "cpu_overrides",
+    "reward_overrides",
     "run_main_ppo",
     "save_derived_model",
     "separate_async_overrides",
@@ -147,6 +150,23 @@ def cpu_overrides(
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         "transfer_queue.backend.SimpleStorage.total_storage_size=10000",
         *extra,
+    ]
+
+
+def reward_overrides(families: Sequence[str], reward_keys: Sequence[str], info_keys: Sequence[str]) -> list[str]:
+    """Hydra overrides that score with ``reward_fns.dispatch`` over ``families`` and name MRTPO's keys.
+
+    ``reward_keys``: the per-reward scores (``mrtpo.reward_keys``); ``info_keys``: the verifier
+    information of each, in the same order (``mrtpo.verifier_info_keys``).
+    """
+    if len(reward_keys) != len(info_keys):
+        raise ValueError(f"reward_keys {list(reward_keys)} and info_keys {list(info_keys)} differ in length")
+    return [
+        "reward.custom_reward_function.path=pkg://reward_fns.dispatch",
+        "reward.custom_reward_function.name=compute_score",
+        f"+reward.custom_reward_function.reward_kwargs.families=[{','.join(families)}]",
+        f"mrtpo.reward_keys=[{','.join(reward_keys)}]",
+        f"mrtpo.verifier_info_keys=[{','.join(info_keys)}]",
     ]
 
 

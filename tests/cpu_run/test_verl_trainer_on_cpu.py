@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mrtpo_verl.cpu_support.launch import cpu_overrides, run_main_ppo, save_derived_model
+from mrtpo_verl.cpu_support.launch import cpu_overrides, reward_overrides, run_main_ppo, save_derived_model
 
 pytestmark = pytest.mark.slow
 
@@ -90,12 +90,8 @@ def run_trainer(
         logical_gpus=logical_gpus,
         extra=(
             f"algorithm.adv_estimator={estimator}",
-            "reward.custom_reward_function.path=pkg://reward_fns.dispatch",
-            "reward.custom_reward_function.name=compute_score",
-            "+reward.custom_reward_function.reward_kwargs.families=[instruction_following]",
+            *reward_overrides(["instruction_following"], REWARD_KEYS, INFO_KEYS),
             "+reward.custom_reward_function.reward_kwargs.max_constraints=1",
-            f"mrtpo.reward_keys=[{','.join(REWARD_KEYS)}]",
-            f"mrtpo.verifier_info_keys=[{','.join(INFO_KEYS)}]",
             f"mrtpo.warmup_steps={WARMUP_STEPS}",
             "trainer.logger=[console,file]",
             f"trainer.rollout_data_dir={out / 'rollouts'}",
