@@ -15,13 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from mrtpo_verl.cpu_support.launch import save_derived_model
 from tests.cpu_run.test_verl_trainer_on_cpu import (
-    BATCH,
     WARMUP_STEPS,
-    ifeval_no_comma_rows,
     require_success,
     run_trainer,
+    write_run_inputs,
 )
 
 pytestmark = pytest.mark.slow
@@ -32,14 +30,7 @@ ASYNC = ("trainer.v1.trainer_mode=mrtpo_colocate_async", "trainer.val_before_tra
 
 @pytest.fixture(scope="module")
 def setup_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import pandas as pd
-
-    root = tmp_path_factory.mktemp("cpu_async_run")
-    save_derived_model(root / "model", num_layers=2)
-    rows = ifeval_no_comma_rows(16)
-    pd.DataFrame(rows).to_parquet(root / "train.parquet", index=False)
-    pd.DataFrame(rows[:BATCH]).to_parquet(root / "val.parquet", index=False)
-    return root
+    return write_run_inputs(tmp_path_factory.mktemp("cpu_async_run"))
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from mrtpo_verl.cpu_support.launch import save_derived_model, separate_async_overrides
+from mrtpo_verl.cpu_support.launch import separate_async_overrides
 from mrtpo_verl.cpu_support.rollout import WEIGHTS_LOADED
 from tests.cpu_run.test_verl_trainer_on_cpu import (
     BATCH,
     WARMUP_STEPS,
     N,
-    ifeval_no_comma_rows,
     require_success,
     run_trainer,
+    write_run_inputs,
 )
 
 pytestmark = pytest.mark.slow
@@ -39,14 +39,7 @@ LOADED = re.compile(re.escape(WEIGHTS_LOADED) + r" replica=(-?\d+) global_steps=
 
 @pytest.fixture(scope="module")
 def setup_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import pandas as pd
-
-    root = tmp_path_factory.mktemp("cpu_separate_async_run")
-    save_derived_model(root / "model", num_layers=2)
-    rows = ifeval_no_comma_rows(16)
-    pd.DataFrame(rows).to_parquet(root / "train.parquet", index=False)
-    pd.DataFrame(rows[:BATCH]).to_parquet(root / "val.parquet", index=False)
-    return root
+    return write_run_inputs(tmp_path_factory.mktemp("cpu_separate_async_run"))
 
 
 @pytest.fixture(scope="module")

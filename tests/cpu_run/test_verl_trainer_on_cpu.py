@@ -54,16 +54,20 @@ def ifeval_no_comma_rows(count: int) -> list[dict]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def setup_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def write_run_inputs(root: Path) -> Path:
+    """The 2-layer model, 16 training rows and one batch of validation rows under ``root``; returns ``root``."""
     import pandas as pd
 
-    root = tmp_path_factory.mktemp("cpu_run")
     save_derived_model(root / "model", num_layers=2)
     rows = ifeval_no_comma_rows(16)
     pd.DataFrame(rows).to_parquet(root / "train.parquet", index=False)
     pd.DataFrame(rows[:BATCH]).to_parquet(root / "val.parquet", index=False)
     return root
+
+
+@pytest.fixture(scope="module")
+def setup_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_run_inputs(tmp_path_factory.mktemp("cpu_run"))
 
 
 def run_trainer(
