@@ -7,6 +7,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mrtpo_verl.config import MRTPOConfig, MRTPOConfigError
+from mrtpo_verl.startup_lengths import resolve_replay_settings
 
 __all__ = ["OUR_TRAINER_MODE", "REWARD_DISPATCH_PATH", "TRAINER_MODES", "known_reward_keys", "validate_run_config"]
 
@@ -73,7 +74,7 @@ def validate_run_config(config: DictConfig) -> MRTPOConfig | None:
         )
     if estimator == "mrtpo" and mrtpo.replay.placement == "colocated":
         _check_colocated_actor(config)
-    return mrtpo
+    return resolve_replay_settings(config, mrtpo) if estimator == "mrtpo" else mrtpo
 
 
 def _check_trainer_mode(config: DictConfig, mode: str, estimator: str) -> None:
@@ -110,22 +111,8 @@ def _check_trainer_mode(config: DictConfig, mode: str, estimator: str) -> None:
     # never on the standalone rollout pool, which holds no trainer weights (README "Trainer modes").
 
 
-#: Actor strategies whose engine the colocated replay can run in place.
-COLOCATED_STRATEGIES = ("fsdp2",)
-
-
 def _check_colocated_actor(config: DictConfig) -> None:
-    """The colocated replay runs on the actor engine's FSDP2 model, without sequence parallelism."""
-    strategy = OmegaConf.select(config, "actor_rollout_ref.actor.strategy")
-    if strategy is not None and strategy not in COLOCATED_STRATEGIES:
-        raise MRTPOConfigError(
-            f"actor_rollout_ref.actor.strategy: {strategy!r} with mrtpo.replay.placement=colocated (allowed: "
-            f"{' | '.join(COLOCATED_STRATEGIES)}); set actor_rollout_ref.actor.strategy=fsdp2, or "
-            "mrtpo.replay.placement=dedicated"
-        )
-    sp = OmegaConf.select(config, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", default=1)
-    if sp is not None and int(sp) > 1:
-        raise MRTPOConfigError(
-            f"actor_rollout_ref.actor.ulysses_sequence_parallel_size: {sp} with mrtpo.replay.placement=colocated "
-            "(allowed: 1); the replay's forward passes do not split sequences — use mrtpo.replay.placement=dedicated"
-        )
+    """The colocated replay runs on the actor engine's FSDP2 model: its options are checked one by one."""
+    from mrtpo_verl.startup_engine import check_colocated_engine
+
+    check_colocated_engine(config)

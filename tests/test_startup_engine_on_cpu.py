@@ -1,0 +1,74 @@
+"""Start-up check of verl's actor-engine options against the colocated replay: refused in one line, or accepted.
+
+Every row of the README's engine-option matrix that start-up decides is here, on verl's real composed config
+(``mrtpo_trainer.yaml`` over verl's ``ppo_trainer``). The accepted rows' relevance is checked on verl's real FSDP2
+engine in tests/trainer/test_colocated_replay_on_cpu.py (and, for what needs a GPU, by ``benchmarks.gpu_check``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mrtpo_verl.config import MRTPOConfigError
+from tests.test_config_on_cpu import MULTI_REWARD_RUN, compose_trainer
+
+REFUSED = [
+    (["actor_rollout_ref.actor.strategy=megatron"], "actor_rollout_ref.actor.strategy: 'megatron'", "Megatron"),
+    (["actor_rollout_ref.actor.strategy=fsdp"], "actor_rollout_ref.actor.strategy: 'fsdp'", "FSDP2"),
+    (
+        ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size: 2",
+        "sequence-parallel",
+    ),
+    (
+        ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4"],
+        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size: 4",
+        "sequence-parallel",
+    ),
+]
+
+MODEL, FSDP = "actor_rollout_ref.model", "actor_rollout_ref.actor.fsdp_config"
+ACCEPTED = [
+    ["actor_rollout_ref.model.use_fused_kernels=true", "actor_rollout_ref.actor.use_fused_kernels=true"],
+    [
+        "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
+        "actor_rollout_ref.model.use_fused_kernels=true",
+    ],
+    ["actor_rollout_ref.model.use_remove_padding=true"],
+    ["actor_rollout_ref.model.enable_gradient_checkpointing=true"],
+    [
+        "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+    ],
+    ["actor_rollout_ref.actor.fsdp_config.offload_policy=true"],
+    ["actor_rollout_ref.actor.use_torch_compile=true", "actor_rollout_ref.actor.fsdp_config.use_torch_compile=true"],
+    ["actor_rollout_ref.model.lora_rank=8"],
+    ["actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"],
+    [
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=fp16",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",
+    ],
+]
+
+
+@pytest.mark.parametrize(("overrides", "head", "why"), REFUSED)
+def test_refused_options_name_the_field_the_value_and_the_dedicated_placement(
+    overrides: list[str], head: str, why: str
+) -> None:
+    from mrtpo_verl.startup import validate_run_config
+
+    with pytest.raises(MRTPOConfigError) as error:
+        validate_run_config(compose_trainer(*MULTI_REWARD_RUN, *overrides))
+    message = str(error.value)
+    assert message.startswith(head) and "\n" not in message, message
+    assert why in message and "mrtpo.replay.placement=dedicated" in message, message
+    # The dedicated placement runs its own model copy: the same engine options are fine there.
+    assert validate_run_config(compose_trainer(*MULTI_REWARD_RUN, *overrides, "mrtpo.replay.placement=dedicated"))
+
+
+@pytest.mark.parametrize("overrides", ACCEPTED, ids=lambda overrides: overrides[0].rsplit(".", 1)[-1])
+def test_options_the_colocated_replay_supports_pass_start_up(overrides: list[str]) -> None:
+    from mrtpo_verl.startup import validate_run_config
+
+    mrtpo = validate_run_config(compose_trainer(*MULTI_REWARD_RUN, *overrides))
+    assert mrtpo is not None and mrtpo.replay.placement == "colocated"
