@@ -49,7 +49,9 @@ class ReplayConfig:
     micro_batch_size: int = 8
     max_tokens_per_micro_batch: int = 4096
     js_chunk_size: int = 256
-    max_context_tokens: int = 4096
+    max_context_tokens: int | None = None
+    verifier_block_tokens: int = 1024
+    chat_template_kwargs: dict[str, Any] | None = None
     verifier_header: str = "Verifier information (used only to score this answer):"
     verifier_item_template: str = "[{name}]\n{info}"
     skip_zero_advantage: bool = True
@@ -70,7 +72,6 @@ class ReplayConfig:
             "micro_batch_size",
             "max_tokens_per_micro_batch",
             "js_chunk_size",
-            "max_context_tokens",
             "min_shared_tokens",
             "max_cache_tokens",
             "dedicated_workers",
@@ -79,6 +80,17 @@ class ReplayConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise _fail(f"replay.{name}", f"got {value!r}", "an integer ≥ 1")
+        if self.max_context_tokens is not None and not _is_int_at_least(self.max_context_tokens, 1):
+            allowed = "null (auto) or an integer ≥ 1"
+            raise _fail("replay.max_context_tokens", f"got {self.max_context_tokens!r}", allowed)
+        if not _is_int_at_least(self.verifier_block_tokens, 0):
+            raise _fail("replay.verifier_block_tokens", f"got {self.verifier_block_tokens!r}", "an integer ≥ 0")
+        if self.chat_template_kwargs is not None and not isinstance(self.chat_template_kwargs, dict):
+            raise _fail(
+                "replay.chat_template_kwargs",
+                f"got {self.chat_template_kwargs!r}",
+                "null (= data.apply_chat_template_kwargs) or a mapping",
+            )
         if "{info}" not in self.verifier_item_template:
             raise _fail(
                 "replay.verifier_item_template", "must contain '{info}'", "a format string with {name} and {info}"
@@ -184,6 +196,10 @@ class MRTPOConfig:
         if not isinstance(self.shuffle_seed, int):
             raise _fail("shuffle_seed", f"got {self.shuffle_seed!r}", "an integer")
         self.replay.validate()
+
+
+def _is_int_at_least(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def _check_names(field_path: str, names: tuple[str, ...]) -> None:

@@ -1,4 +1,4 @@
-"""Replay contexts: the prompt rendered with all verifier information, and with each piece left out (SPEC §1.2).
+"""Replay contexts: the prompt rendered with all verifier information, and with each piece left out.
 
 For one response ``y`` to prompt ``x`` with verifier-information strings ``v_1..v_K`` (reward order =
 ``mrtpo.reward_keys``):
@@ -20,19 +20,28 @@ The prompt comes in one of two forms:
 
 * chat messages ``[{"role": ..., "content": ...}, ...]`` (verl's ``non_tensor_batch["raw_prompt"]``): the
   block is appended to the last user message's content and the template is applied to the messages.
-* prompt token ids with padding removed (what verl keeps in ``batch["prompts"]``): the ids are decoded with
-  special tokens kept; the text is expected to end with "end of a user turn + generation prompt", both
-  learnt from the tokenizer's own chat template by rendering a probe conversation (nothing model-specific is
-  hard-coded); the block is inserted right before that suffix, i.e. at the end of the last user turn, and
-  the text is re-tokenized. Every context of such a prompt, even one without a block, goes through the same
-  decode → insert → re-tokenize path, so contexts differ only where the verifier block differs.
+* prompt token ids with padding removed (what verl keeps in ``batch["prompts"]``, and what the replay of a
+  verl batch uses: they are the tokens the policy saw, whatever tools, system prompt or
+  ``data.apply_chat_template_kwargs`` the rollout rendered them with). They must end with "end of a user turn +
+  generation prompt", learnt from the tokenizer's own chat template by rendering a probe conversation with the
+  same ``chat_template_kwargs`` (nothing model-specific is hard-coded). When the ids end with that suffix's own
+  token ids, the block's token ids (``"\n\n" + block`` tokenized alone) are spliced in right before them, so
+  every context is the rollout's prompt ids with the block inserted and the context without a block *is* the
+  rollout's prompt; a block whose ids do not decode back to its text (a tokenizer that adds a prefix space)
+  is inserted as text into the decoded prompt instead. Otherwise (a suffix that does not start on a token
+  boundary) the ids are decoded with special tokens kept, the block is inserted
+  before the suffix as text and the text is re-tokenized; every context of such a prompt, even one without a
+  block, goes through that same path, so contexts differ only where the verifier block differs.
 
 Edge cases: an empty verifier text (None, or blank after ``strip``) leaves that verifier out of every context,
 so ``C_-k == C`` and its relevance is exactly 0 without a forward pass (``identical_to_full[k]``). A
-non-string text is a TypeError naming the reward key. When the longest context plus the response exceeds
-``max_context_tokens``, the verifier texts are truncated, longest first, to a common token cap (with a
-``…[truncated]`` marker), never the prompt or the response; if even the shortest possible texts do not fit,
-a ValueError.
+non-string text is a TypeError naming the reward key.
+
+Length rule: when the longest context plus the response exceeds ``max_context_tokens`` (None = no budget), the
+verifier texts are truncated, longest first, to a common token cap (with a ``…[truncated]`` marker), never the
+prompt or the response. If even texts cut to the bare marker do not fit, :class:`ContextOverBudget` is raised;
+the batch replay (:mod:`~mrtpo_verl.replay.batch_relevance`) catches it for that row alone, which then gets no
+relevance (uniform token weights) and is counted in ``mrtpo/replay/rows_unscored``.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from mrtpo_verl.config import ReplayConfig
 
 __all__ = [
     "TRUNCATION_MARKER",
+    "ContextOverBudget",
     "ReplayContextBuilder",
     "ReplayContexts",
     "count_truncated_verifiers",
@@ -59,7 +69,11 @@ TRUNCATION_MARKER = "…[truncated]"
 # Content of the probe conversation used to learn where a chat template ends a user turn.
 _PROBE_CONTENT = "MRTPO_PROBE_USER_CONTENT"
 
-_Renderer = Callable[[str], str]  # verifier block ("" for none) → full prompt text with the generation prompt
+_Renderer = Callable[[str], tuple[int, ...]]  # verifier block ("" for none) → context token ids
+
+
+class ContextOverBudget(ValueError):
+    """A response's contexts do not fit ``max_context_tokens`` even with every verifier text cut to the marker."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +114,10 @@ class ReplayContextBuilder:
         reward_keys: the K reward names, in reward order; used as ``{name}`` in the item template.
         verifier_header: first line of the verifier block.
         verifier_item_template: format string with ``{name}`` and ``{info}``, one per included verifier.
-        max_context_tokens: budget for the longest context plus the response, in tokens.
+        max_context_tokens: budget for the longest context plus the response, in tokens; None = no budget.
         truncation_marker: appended to a truncated verifier text.
+        chat_template_kwargs: extra keyword arguments of ``apply_chat_template`` (verl's
+            ``data.apply_chat_template_kwargs``, e.g. ``{"enable_thinking": False}``), as the rollout rendered with.
     """
 
     def __init__(
@@ -110,30 +126,34 @@ class ReplayContextBuilder:
         reward_keys: Sequence[str],
         verifier_header: str = ReplayConfig.verifier_header,
         verifier_item_template: str = ReplayConfig.verifier_item_template,
-        max_context_tokens: int = ReplayConfig.max_context_tokens,
+        max_context_tokens: int | None = None,
         truncation_marker: str = TRUNCATION_MARKER,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if not reward_keys:
             raise ValueError("reward_keys is empty; the replay needs one verifier slot per reward")
-        if max_context_tokens < 1:
-            raise ValueError(f"max_context_tokens must be ≥ 1, got {max_context_tokens}")
+        if max_context_tokens is not None and max_context_tokens < 1:
+            raise ValueError(f"max_context_tokens must be ≥ 1 or None, got {max_context_tokens}")
         self.tokenizer = tokenizer
         self.reward_keys = tuple(reward_keys)
         self.verifier_header = verifier_header
         self.verifier_item_template = verifier_item_template
         self.max_context_tokens = max_context_tokens
         self.truncation_marker = truncation_marker
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._user_turn_tail: str | None = None  # learnt lazily: only token-id prompts need it
+        self._user_turn_tail_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, tokenizer: Any, reward_keys: Sequence[str], replay: ReplayConfig) -> ReplayContextBuilder:
-        """A builder with the header, item template and token budget of ``mrtpo.replay``."""
+        """A builder with the header, item template, token budget and chat-template kwargs of ``mrtpo.replay``."""
         return cls(
             tokenizer,
             reward_keys,
             verifier_header=replay.verifier_header,
             verifier_item_template=replay.verifier_item_template,
             max_context_tokens=replay.max_context_tokens,
+            chat_template_kwargs=replay.chat_template_kwargs,
         )
 
     def build(
@@ -159,19 +179,19 @@ class ReplayContextBuilder:
         Raises:
             TypeError: a verifier text is neither a string nor None (the message names the reward key), or
                 the prompt is neither messages nor token ids.
-            ValueError: wrong number of verifier texts, no user turn, a token-id prompt that does not end
-                with a user turn and the generation prompt, or a context that cannot fit
-                ``max_context_tokens`` even with the shortest verifier texts.
+            ValueError: wrong number of verifier texts, no user turn, or a token-id prompt that does not end
+                with a user turn and the generation prompt.
+            ContextOverBudget: (a ValueError) the contexts cannot fit ``max_context_tokens`` even with the
+                shortest verifier texts.
         """
         texts = self._verifier_texts(verifier_info)
         render = self._renderer(prompt)
         response = _as_token_ids(response_ids, "response_ids")
         included = verifier_order(texts, group_constant)
         texts, truncated = self._fit_to_budget(render, texts, included, len(response))
-        full = self._tokenize(render(self._block(texts, None, included)))
+        full = render(self._block(texts, None, included))
         leave_one_out = tuple(
-            self._tokenize(render(self._block(texts, k, included))) if texts[k] is not None else full
-            for k in range(len(texts))
+            render(self._block(texts, k, included)) if texts[k] is not None else full for k in range(len(texts))
         )
         return ReplayContexts(
             full_context_ids=full,
@@ -258,26 +278,41 @@ class ReplayContextBuilder:
         if not isinstance(content, str):
             raise TypeError(f"the last user turn's content must be a string, got {type(content).__name__}")
 
-        def render(block: str) -> str:
+        def render(block: str) -> tuple[int, ...]:
             with_block = [dict(m) for m in messages]
             if block:
                 with_block[last_user]["content"] = f"{content}\n\n{block}"
-            return self._apply_template(with_block)
+            return self._tokenize(self._apply_template(with_block))
 
         return render
 
     def _token_id_renderer(self, prompt_ids: tuple[int, ...]) -> _Renderer:
-        text = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
         tail = self._learn_user_turn_tail()
+        tail_ids = self._user_turn_tail_ids
+        if len(prompt_ids) > len(tail_ids) and prompt_ids[len(prompt_ids) - len(tail_ids) :] == tail_ids:
+            head_ids = prompt_ids[: len(prompt_ids) - len(tail_ids)]
+
+            def splice(block: str) -> tuple[int, ...]:
+                if not block:
+                    return prompt_ids
+                block_ids = self._tokenize(f"\n\n{block}")
+                if self._decode(block_ids) != f"\n\n{block}":  # a tokenizer that adds a prefix space, say
+                    return self._tokenize(f"{self._decode(head_ids)}\n\n{block}{tail}")
+                return head_ids + block_ids + tail_ids
+
+            return splice
+        text = self._decode(prompt_ids)
         if not text.endswith(tail):
             raise ValueError(
                 f"the prompt's token ids do not end with the end of a user turn and the generation prompt "
-                f"({tail!r}, learnt from the chat template); decoded ending: {text[-80:]!r}"
+                f"({tail!r}, learnt from the chat template with chat_template_kwargs={self.chat_template_kwargs}; "
+                f"they must be those the rollout used, verl's data.apply_chat_template_kwargs); "
+                f"decoded ending: {text[-80:]!r}"
             )
         head = text[: len(text) - len(tail)]
 
-        def render(block: str) -> str:
-            return f"{head}\n\n{block}{tail}" if block else text
+        def render(block: str) -> tuple[int, ...]:
+            return self._tokenize(f"{head}\n\n{block}{tail}" if block else text)
 
         return render
 
@@ -294,13 +329,19 @@ class ReplayContextBuilder:
                 raise ValueError("cannot locate the user turn's end in this chat template; pass chat messages instead")
             end_of_turn = without_prompt[without_prompt.rindex(_PROBE_CONTENT) + len(_PROBE_CONTENT) :]
             self._user_turn_tail = end_of_turn + with_prompt[len(without_prompt) :]
+            self._user_turn_tail_ids = self._tokenize(self._user_turn_tail)
         return self._user_turn_tail
 
     def _apply_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs
+        )
         if not isinstance(text, str):
             raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, expected str")
         return text
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
     def _tokenize(self, text: str) -> tuple[int, ...]:
         # The rendered template already holds its special tokens (as apply_chat_template(tokenize=True) assumes).
@@ -322,7 +363,7 @@ class ReplayContextBuilder:
         text_ids = {k: self._tokenize(texts[k] or "") for k in included}
         if not self._fits(render, self._capped(texts, text_ids, 0), included, response_length):
             shortest = self._longest_context(render, self._capped(texts, text_ids, 0), included)
-            raise ValueError(
+            raise ContextOverBudget(
                 f"replay context does not fit max_context_tokens={self.max_context_tokens}: prompt + verifier "
                 f"block with every verifier text cut to {self.truncation_marker!r} is {shortest} tokens, plus "
                 f"{response_length} response tokens; raise mrtpo.replay.max_context_tokens"
@@ -343,20 +384,20 @@ class ReplayContextBuilder:
         capped = list(texts)
         for k, ids in text_ids.items():
             if len(ids) > cap:
-                kept = self.tokenizer.decode(
-                    list(ids[:cap]), skip_special_tokens=False, clean_up_tokenization_spaces=False
-                )
+                kept = self._decode(ids[:cap])
                 # A cut inside a multi-byte character decodes to U+FFFD; drop it rather than show garbage.
                 capped[k] = kept.rstrip("\ufffd") + self.truncation_marker
         return capped
 
     def _fits(self, render: _Renderer, texts: list[str | None], included: list[int], response_length: int) -> bool:
+        if self.max_context_tokens is None:
+            return True
         return self._longest_context(render, texts, included) + response_length <= self.max_context_tokens
 
     def _longest_context(self, render: _Renderer, texts: list[str | None], included: list[int]) -> int:
         """Token length of the longest of C and the C_-k (usually C; tokenization is not strictly additive)."""
         blocks = [self._block(texts, None, included), *(self._block(texts, k, included) for k in included)]
-        return max(len(self._tokenize(render(block))) for block in blocks)
+        return max(len(render(block)) for block in blocks)
 
 
 def group_constant_flags(
