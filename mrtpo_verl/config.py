@@ -20,6 +20,10 @@ REWEIGHTINGS = ("none", "saw")
 PLACEMENTS = ("colocated", "dedicated")
 FAILURE_POLICIES = ("error", "uniform")
 DEVICES = ("auto", "cpu", "cuda")
+#: Dtype of a dedicated replay worker's model; auto = the actor's compute dtype (its FSDP mixed-precision param_dtype).
+DEDICATED_DTYPES = ("auto", "fp32", "bf16", "fp16")
+#: What the advantage step does with a prompt group that lacks some of its ``rollout.n`` responses.
+INCOMPLETE_GROUP_POLICIES = ("normalise", "error")
 
 
 class MRTPOConfigError(ValueError):
@@ -122,6 +126,7 @@ class MRTPOConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     @property
+    on_incomplete_group: str = "normalise"
     def weights_or_ones(self) -> tuple[float, ...]:
         """c_k, defaulting to 1 per reward."""
         return self.reward_weights if self.reward_weights is not None else (1.0,) * len(self.reward_keys)
@@ -196,6 +201,10 @@ class MRTPOConfig:
         if not isinstance(self.shuffle_seed, int):
             raise _fail("shuffle_seed", f"got {self.shuffle_seed!r}", "an integer")
         self.replay.validate()
+        if self.on_incomplete_group not in INCOMPLETE_GROUP_POLICIES:
+            raise _fail(
+                "on_incomplete_group", f"got {self.on_incomplete_group!r}", " | ".join(INCOMPLETE_GROUP_POLICIES)
+            )
 
 
 def _is_int_at_least(value: Any, minimum: int) -> bool:

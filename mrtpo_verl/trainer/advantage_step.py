@@ -7,7 +7,9 @@ reads a fixed list of fields from TransferQueue and builds a ``non_tensor_batch`
 alone, so neither verl's ``gdpo`` nor ``mrtpo`` can see the reward components (``tests/trainer``
 shows verl's fails for ``gdpo``). Here, for ``gdpo`` and ``mrtpo``:
 
-1. the batch must hold whole prompt groups (:mod:`mrtpo_verl.trainer.group_completeness`);
+1. prompt groups missing some of their ``rollout.n`` responses are counted, logged and normalised
+   over the responses present as verl's gdpo/grpo do, or refused under
+   ``mrtpo.on_incomplete_group=error`` (:mod:`mrtpo_verl.trainer.group_completeness`);
 2. the reward components (and, for ``mrtpo``, the verifier information, prompts and responses)
    are read from TransferQueue as well;
 3. ``mrtpo`` runs the replay stage (after rewards, old log-probs and ref, before the advantage)
@@ -50,7 +52,13 @@ from mrtpo_verl.estimator import RELEVANCE_KEY, reward_component_matrix
 from mrtpo_verl.metrics import reward_component_metrics, staleness_metrics
 from mrtpo_verl.ray_metrics import publish
 from mrtpo_verl.startup import MULTI_REWARD_ESTIMATORS, validate_run_config
-from mrtpo_verl.trainer.group_completeness import check_whole_groups, padding_rows
+from mrtpo_verl.trainer.group_completeness import (
+    IncompleteGroupError,
+    find_incomplete_groups,
+    lenient_message,
+    padding_rows,
+    strict_message,
+)
 from mrtpo_verl.trainer.tq_fields import as_float_array, as_object_array
 
 __all__ = ["VERL_ADVANTAGE_FIELDS", "MRTPOStep"]
@@ -137,14 +145,19 @@ class MRTPOStep:
         """The actor holds the weights that computed ``old_log_probs`` inside this block (here: always)."""
         yield
 
-    def _check_batch(self, batch: KVBatchMeta, metrics: dict) -> None:
-        """Whole groups only; the batch's staleness next to the MRTPO figures."""
+    def _check_batch(self, batch: KVBatchMeta, metrics: dict, cfg: MRTPOConfig) -> None:
+        """Incomplete prompt groups counted (and refused under ``on_incomplete_group=error``); staleness."""
         tags = list(batch.tags) if batch.tags else [{} for _ in batch.keys]
         n = int(self.config.actor_rollout_ref.rollout.n)
-        check_whole_groups(batch.keys, tags, n, self.registered_mode or self.verl_mode)
-        staleness = staleness_metrics(tags, self.global_steps)
-        metrics.update(staleness)
-        publish(staleness, role="driver")
+        mode = self.registered_mode or self.verl_mode
+        incomplete = find_incomplete_groups(batch.keys, tags, n)
+        if incomplete and cfg.on_incomplete_group == "error":
+            raise IncompleteGroupError(strict_message(incomplete, mode))
+        if incomplete:
+            logger.warning(lenient_message(incomplete, mode))
+        figures = incomplete.metrics() | staleness_metrics(tags, self.global_steps)
+        metrics.update(figures)
+        publish(figures, role="driver")
 
     def _reward_metrics(self, data: DataProto, batch: KVBatchMeta, cfg: MRTPOConfig) -> dict[str, float]:
         """``reward/<key>/...`` over the batch's real responses (verl's padding rows left out)."""
@@ -161,7 +174,7 @@ class MRTPOStep:
             self.attach_mrtpo()
         assert self.mrtpo_config is not None
         cfg = self.mrtpo_config
-        self._check_batch(batch, metrics)  # mrtpo: whole groups only, before any replay
+        self._check_batch(batch, metrics, cfg)  # mrtpo: incomplete groups counted (or refused) before any replay
 
         # Same fields as verl, plus what gdpo needs (prompts for its response-length arithmetic) and ours.
         fields = [*VERL_ADVANTAGE_FIELDS, "prompts", "responses", "extra_fields", *cfg.reward_keys]  # mrtpo

@@ -2,12 +2,13 @@
 
 verl's own step fails for gdpo; ours (``mrtpo_sync``, ``mrtpo_colocate_async``,
 ``mrtpo_separate_async``: one step, three verl bases) runs gdpo and mrtpo, reports per-reward
-figures and staleness, and stops on a split prompt group. The batch (SmolLM2 answers to Spider
-questions, scored by our SQL verifier) is written to a real TransferQueue on a local Ray instance,
-in the layout and under the keys verl's agent loop and reward loop leave it (nested prompt/response
-tensors, rm_scores, uid, ``{uid}_{session}_{index}`` keys with their tags, and the reward
-function's extra keys). The trainers are built by their real ``__init__`` (config, replay buffer);
-``init()`` (worker groups, rollout servers, which need GPUs) is not called.
+figures and staleness, and normalises a split prompt group as verl does (or stops, when asked).
+The batch (SmolLM2 answers to Spider questions, scored by our SQL verifier) is written to a real
+TransferQueue on a local Ray instance, in the layout and under the keys verl's agent loop and
+reward loop leave it (nested prompt/response tensors, rm_scores, uid, ``{uid}_{session}_{index}``
+keys with their tags, and the reward function's extra keys). The trainers are built by their real
+``__init__`` (config, replay buffer); ``init()`` (worker groups, rollout servers, which need GPUs)
+is not called.
 """
 
 from __future__ import annotations
@@ -305,27 +306,63 @@ def test_other_estimators_use_verls_method_unchanged(transfer_queue) -> None:
     assert np.isfinite(advantages_in_queue(meta).numpy()).all()
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("estimator", ["gdpo", "mrtpo"])
-def test_a_split_group_from_verls_replay_buffer_stops_the_step(transfer_queue, mode: str, estimator: str) -> None:
-    """A finished prompt whose session left no trajectory (verl's agent loop on an empty output) is sampled
-    by verl's own replay buffer of the mode; the advantage step names the group instead of normalising it."""
+def sampled_split_group(mode: str, estimator: str, policy: str):
+    """A finished prompt whose session 1 left no trajectory (verl's agent loop on an empty output), sampled by
+    verl's own replay buffer of the mode; → (trainer, sampled batch, full data, missing key)."""
     data = real_batch()
-    partition = f"split-{mode}-{estimator}"
+    partition = f"split-{mode}-{estimator}-{policy}"
     meta, _ = put_batch(partition)
     missing = meta.keys[-1]  # the second group's session 1
     tq.kv_clear(keys=[missing], partition_id=partition)
     uids = list(dict.fromkeys(data.non_tensor_batch["uid"].tolist()))
     prompt_tags = [{"is_prompt": True, "status": "finished", "global_steps": 4} for _ in uids]
     tq.kv_batch_put(keys=uids, partition_id=partition, tags=prompt_tags)
-
     trainer = trainer_for(mode, estimator)
-    trainer.attach_mrtpo(replay_stage=object())  # the step must stop before any replay
+    trainer.config.mrtpo.on_incomplete_group = policy
     sampled, _ = trainer.replay_buffer.sample(global_steps=GLOBAL_STEP, partition_id=partition, batch_size=len(uids))
     assert sorted(sampled.keys) == sorted(set(meta.keys) - {missing})  # verl hands the partial group over
+    return trainer, sampled, data, missing
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("estimator", ["gdpo", "mrtpo"])
+def test_a_split_group_stops_the_step_when_asked(transfer_queue, mode: str, estimator: str) -> None:
+    trainer, sampled, _, missing = sampled_split_group(mode, estimator, "error")
+    trainer.attach_mrtpo(replay_stage=object())  # the step must stop before any replay
     uid = missing.rsplit("_", 2)[0]
     with pytest.raises(IncompleteGroupError, match=rf"uid '{uid}': sessions \[0\] present, \[1\] missing"):
         trainer._compute_advantage(sampled, {})
+
+
+@pytest.mark.parametrize(("mode", "estimator"), [*((mode, "gdpo") for mode in MODES), ("mrtpo_sync", "mrtpo")])
+def test_a_split_group_is_normalised_as_verl_does_and_counted(
+    transfer_queue, mode: str, estimator: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Default: the step goes on; the advantages are verl's compute_advantage on the rows present."""
+    trainer, sampled, data, missing = sampled_split_group(mode, estimator, "normalise")
+    cfg = validate_run_config(trainer.config)
+    if estimator == "mrtpo":
+        trainer.attach_mrtpo(replay_stage=ReplayStage(cfg, trainer.config.algorithm, ReplayOnce(cfg)))
+    metrics: dict = {}
+    with caplog.at_level("WARNING", logger="mrtpo_verl.trainer.advantage_step"):
+        trainer._compute_advantage(sampled, metrics)
+    assert metrics["mrtpo/groups/incomplete"] == 1.0
+    assert metrics["mrtpo/groups/incomplete_rows"] == metrics["mrtpo/groups/single_response_rows"] == 1.0
+    assert "normalised over the responses present" in caplog.text and missing.rsplit("_", 2)[0] in caplog.text
+
+    # By hand: the rows present, in the order the sampler returned them, through verl's compute_advantage.
+    keys = session_keys(data.non_tensor_batch["uid"])
+    present = data.select_idxs([keys.index(key) for key in sampled.keys])
+    algo = omega_conf_to_dataclass(trainer.config.algorithm)
+    if estimator == "mrtpo":
+        relevance, _ = trainer.replay_stage.run(present, global_step=GLOBAL_STEP)
+        present.batch[RELEVANCE_KEY] = relevance
+        with advantage_inputs(present, cfg, global_step=GLOBAL_STEP):
+            expected = compute_advantage(present, adv_estimator="mrtpo", config=algo).batch["advantages"]
+    else:
+        expected = compute_advantage(present, adv_estimator="gdpo", config=algo).batch["advantages"]
+    got = tq.kv_batch_get(keys=sampled.keys, partition_id=sampled.partition_id, select_fields=["advantages"])
+    torch.testing.assert_close(got["advantages"].to_padded_tensor(0.0), expected, atol=1e-6, rtol=0)
 
 
 class RecordingActorGroup:
