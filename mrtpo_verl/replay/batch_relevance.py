@@ -1,13 +1,24 @@
 """Relevance for one replay request (a ``DataProto`` shard): what a replay worker runs.
 
 Shared by every placement (a Ray worker, the actor's own processes, or in-process), so they all
-compute the same thing. The request layout is :func:`mrtpo_verl.trainer.replay_stage.build_request`'s:
+compute the same thing. The request layout is :func:`mrtpo_verl.trainer.replay_stage.build_request`'s,
+which is verl's rollout layout (single-turn and agent-loop alike):
 
-- batch ``prompts`` (bs, P) with ``attention_mask`` (bs, P + L) marking each prompt's own tokens,
-  ``responses`` (bs, L), ``response_mask`` (bs, L), ``mrtpo_needed`` (bs, K) bool and, optionally,
+- batch ``prompts`` (bs, P), left-padded, with ``attention_mask`` (bs, P + L) marking each prompt's own tokens
+  and each response's tokens; ``responses`` (bs, L), right-padded; ``response_mask`` (bs, L), 1 on the tokens
+  the policy generated and 0 on padding and, in a multi-turn (tool agent) response, on the tool outputs and
+  chat-template tokens between the turns; ``mrtpo_needed`` (bs, K) bool and, optionally,
   ``mrtpo_group_constant`` (bs, K) bool (the verifier-order rule's flags over the whole batch);
-- non_tensor_batch: one verifier-information array per reward (in reward order) and, when verl
-  kept it, ``raw_prompt`` (chat messages), which is preferred over the prompt ids.
+- non_tensor_batch: one verifier-information array per reward (in reward order).
+
+What is replayed is what the policy saw: the prompt's own token ids (``prompts`` where the attention mask is 1)
+and every response token the attention mask covers, tool outputs included. Relevance is computed at each of
+those positions and written back to the column of the token it was computed for; columns where
+``response_mask`` is 0 (tool outputs, padding) get 0, so they carry no weight.
+
+Rows whose contexts cannot fit ``max_context_tokens`` even with the verifier texts cut to the marker
+(:class:`~mrtpo_verl.replay.contexts.ContextOverBudget`) are not replayed: their relevance stays 0, which gives
+uniform token weights for that row alone; they are counted in ``mrtpo_rows_unscored`` and logged with the reason.
 
 The answer holds ``mrtpo_relevance`` (bs, K, L) float32 and counters as (bs,) tensors whose sums
 are the shard's totals (row 0 carries them), so that verl's DP collect can simply concatenate.
@@ -15,35 +26,75 @@ are the shard's totals (row 0 carries them), so that verl's DP collect can simpl
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from verl.protocol import DataProto
 
-from mrtpo_verl.replay.contexts import ReplayContextBuilder, count_truncated_verifiers, group_constant_flags
+from mrtpo_verl.replay.contexts import (
+    ContextOverBudget,
+    ReplayContextBuilder,
+    ReplayContexts,
+    count_truncated_verifiers,
+    group_constant_flags,
+)
 from mrtpo_verl.replay.scorer import ReplayScorer
 
-__all__ = ["relevance_for_request"]
+__all__ = ["COUNTER_KEYS", "relevance_for_request", "replayed_response_columns"]
+
+logger = logging.getLogger(__name__)
 
 RELEVANCE_KEY = "mrtpo_relevance"
 NEEDED_KEY = "mrtpo_needed"
 #: (bs, K) bool in the request: verifier text k of a row is the same in its whole group (the order rule's input).
 GROUP_CONSTANT_KEY = "mrtpo_group_constant"
+#: Per-row counters of an answer, in this order (each shard's totals on its row 0).
+COUNTER_KEYS = (
+    "mrtpo_forward_passes",
+    "mrtpo_skipped_passes",
+    "mrtpo_tokens_replayed",
+    "mrtpo_truncated_contexts",
+    "mrtpo_prefix_tokens_shared",
+    "mrtpo_rows_unscored",
+)
 
 
-def _prompts(request: DataProto) -> list[Any]:
-    """Each row's prompt: chat messages if verl kept ``raw_prompt``, else its unpadded token ids."""
-    if "raw_prompt" in request.non_tensor_batch:
-        return [list(messages) for messages in request.non_tensor_batch["raw_prompt"]]
+def _prompts(request: DataProto) -> list[list[int]]:
+    """Each row's prompt token ids without padding: exactly the tokens the rollout fed the policy."""
     prompts = request.batch["prompts"]
-    prompt_mask = request.batch["attention_mask"][:, : prompts.shape[1]].bool()
+    prompt_mask = _attention_mask(request)[:, : prompts.shape[1]].bool()
     return [prompts[row][prompt_mask[row]].tolist() for row in range(len(request))]
 
 
-def _responses(request: DataProto) -> list[list[int]]:
-    mask = request.batch["response_mask"].bool()
-    return [request.batch["responses"][row][mask[row]].tolist() for row in range(len(request))]
+def _attention_mask(request: DataProto) -> torch.Tensor:
+    """(bs, P + L) attention mask, checked against the prompt and response widths."""
+    mask = request.batch["attention_mask"]
+    width = request.batch["prompts"].shape[1] + request.batch["responses"].shape[1]
+    if mask.dim() != 2 or mask.shape[1] != width:
+        raise ValueError(
+            f"replay request: attention_mask {tuple(mask.shape)} does not cover prompts + responses "
+            f"({request.batch['prompts'].shape[1]} + {request.batch['responses'].shape[1]} columns)"
+        )
+    return mask
+
+
+def replayed_response_columns(request: DataProto) -> list[torch.Tensor]:
+    """Per row, the response columns replayed: every token the attention mask covers, in order.
+
+    In verl's agent-loop layout these are the generated tokens *and* the tool outputs between turns (the policy
+    saw both); ``response_mask`` marks only the generated ones.
+
+    Returns:
+        bs long tensors of column indices into ``responses``.
+    """
+    response_attention = _attention_mask(request)[:, request.batch["prompts"].shape[1] :].bool()
+    return [response_attention[row].nonzero().flatten() for row in range(len(request))]
+
+
+def _responses(request: DataProto, columns: Sequence[torch.Tensor]) -> list[list[int]]:
+    return [request.batch["responses"][row][columns[row]].tolist() for row in range(len(request))]
 
 
 def _verifier_rows(request: DataProto, info_keys: Sequence[str]) -> list[list[Any]]:
@@ -58,7 +109,7 @@ def group_constant_tensor(prompts: Sequence[Any], infos: Sequence[Sequence[Any]]
 
 
 def request_group_constant(data: DataProto, info_keys: Sequence[str]) -> torch.Tensor:
-    """:func:`group_constant_tensor` of a batch in the request layout (``raw_prompt`` or prompt ids)."""
+    """:func:`group_constant_tensor` of a batch in the request layout (rows grouped by their prompt ids)."""
     return group_constant_tensor(_prompts(data), _verifier_rows(data, info_keys))
 
 
@@ -74,12 +125,13 @@ def relevance_for_request(
         info_keys: the verifier-information keys, in reward order.
 
     Returns:
-        DataProto with ``mrtpo_relevance`` (bs, K, L) and the counters (bs,) each.
+        DataProto with ``mrtpo_relevance`` (bs, K, L), 0 where ``response_mask`` is 0, and the counters (bs,) each.
     """
     needed = request.batch[NEEDED_KEY].bool()
+    response_mask = request.batch["response_mask"].bool()
     response_length = request.batch["responses"].shape[1]
-    rows_needed = needed.any(dim=1)
-    prompts, responses, infos = _prompts(request), _responses(request), _verifier_rows(request, info_keys)
+    columns = replayed_response_columns(request)
+    prompts, responses, infos = _prompts(request), _responses(request, columns), _verifier_rows(request, info_keys)
     # The order rule's flags over the whole batch when the driver sent them (a DP split may cut a group).
     constant = (
         request.batch[GROUP_CONSTANT_KEY].tolist()
@@ -87,36 +139,63 @@ def relevance_for_request(
         else group_constant_flags(prompts, infos)
     )
     # Rows with nothing to replay need no contexts either (exact skipping reaches the tokenizer too).
-    built = builder.build_batch(
-        [prompts[i] for i in range(len(request)) if rows_needed[i]],
-        [responses[i] for i in range(len(request)) if rows_needed[i]],
-        [infos[i] for i in range(len(request)) if rows_needed[i]],
-        [constant[i] for i in range(len(request)) if rows_needed[i]],
-    )
-    relevance = torch.zeros(len(request), needed.shape[1], response_length)
+    rows, built, unscored = [], [], 0
+    for row in needed.any(dim=1).nonzero().flatten().tolist():
+        contexts = _build_row(builder, row, prompts[row], responses[row], infos[row], constant[row])
+        if contexts is None:
+            unscored += 1
+            continue
+        rows.append(row)
+        built.append(contexts)
     # Called even with nothing to score: a sharded (colocated) scorer's passes are collectives, so a rank
     # with no work still has to run the idle passes that keep it in step with the others.
-    result = scorer.score(built, needed[rows_needed], response_length=response_length)
-    relevance[rows_needed] = result.relevance.float().cpu()
-    forward_passes, tokens = result.stats.forward_passes, result.stats.replayed_tokens
-    skipped = result.stats.skipped_passes
-    # Responses with no needed pair: 1 + K passes each, none run. Rows without response tokens (e.g. the
-    # padding a backend adds to split the request evenly) are not responses and count for nothing.
-    has_response = request.batch["response_mask"].bool().any(dim=1)
-    skipped += int((~rows_needed & has_response).sum()) * (1 + needed.shape[1])
-    shared = result.stats.prefix_tokens_shared
-    counters = torch.zeros(5, len(request), dtype=torch.float64)
+    result = scorer.score(built, needed[rows], response_length=response_length)
+    relevance = torch.zeros(len(request), needed.shape[1], response_length)
+    for index, row in enumerate(rows):
+        # The scorer fills the first T columns of its output, T = tokens replayed; they go back to theirs.
+        relevance[row][:, columns[row]] = result.relevance[index, :, : len(columns[row])].float().cpu()
+    relevance *= response_mask[:, None, :]
+    counts = [
+        result.stats.forward_passes,
+        result.stats.skipped_passes + _passes_of_rows_not_needed(needed, response_mask),
+        result.stats.replayed_tokens,
+        count_truncated_verifiers(built),
+        result.stats.prefix_tokens_shared,
+        unscored,
+    ]
+    counters = torch.zeros(len(COUNTER_KEYS), len(request), dtype=torch.float64)
     if len(request):
-        counters[:, 0] = torch.tensor(
-            [forward_passes, skipped, tokens, count_truncated_verifiers(built), shared], dtype=torch.float64
+        counters[:, 0] = torch.tensor(counts, dtype=torch.float64)
+    return DataProto.from_dict(tensors={RELEVANCE_KEY: relevance} | dict(zip(COUNTER_KEYS, counters, strict=True)))
+
+
+def _build_row(
+    builder: ReplayContextBuilder,
+    row: int,
+    prompt: list[int],
+    response: list[int],
+    info: Sequence[Any],
+    constant: Sequence[bool],
+) -> ReplayContexts | None:
+    """The row's contexts, or None (with a warning) when they cannot fit the token budget."""
+    try:
+        return builder.build(prompt, response, info, constant)
+    except ContextOverBudget as error:
+        logger.warning(
+            "mrtpo replay: row %d (%d prompt + %d response tokens) is not replayed and gets uniform token weights "
+            "this step: %s",
+            row,
+            len(prompt),
+            len(response),
+            error,
         )
-    return DataProto.from_dict(
-        tensors={
-            RELEVANCE_KEY: relevance,
-            "mrtpo_forward_passes": counters[0],
-            "mrtpo_skipped_passes": counters[1],
-            "mrtpo_tokens_replayed": counters[2],
-            "mrtpo_truncated_contexts": counters[3],
-            "mrtpo_prefix_tokens_shared": counters[4],
-        }
-    )
+        return None
+
+
+def _passes_of_rows_not_needed(needed: torch.Tensor, response_mask: torch.Tensor) -> int:
+    """1 + K passes skipped exactly per response with no needed pair (unscored rows are not skips).
+
+    Rows without response tokens (e.g. the padding a backend adds to split the request evenly) are not
+    responses and count for nothing.
+    """
+    return int((~needed.any(dim=1) & response_mask.any(dim=1)).sum()) * (1 + needed.shape[1])

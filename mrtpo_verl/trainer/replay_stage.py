@@ -1,7 +1,7 @@
 """The replay stage of a training step: relevance ``q`` (bs, K, L) for the ``mrtpo`` estimator.
 
 Runs after rewards, old log-probs and ref, before the advantage. The driver decides *what* to
-replay (exact skipping, SPEC §1.7), hands one ``DataProto`` to a replay backend — a Ray worker
+replay (exact skipping), hands one ``DataProto`` to a replay backend — a Ray worker
 group dispatched by data-parallel rank, or an in-process scorer — and turns what comes back into
 the relevance tensor and metrics. Full-vocabulary tensors never leave the workers: they return
 (bs, K, L) distances.
@@ -25,7 +25,7 @@ from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.estimator import RELEVANCE_KEY, replay_needed, reward_component_matrix
 from mrtpo_verl.metrics import relevance_metrics
 from mrtpo_verl.ray_metrics import publish
-from mrtpo_verl.replay.batch_relevance import GROUP_CONSTANT_KEY, request_group_constant
+from mrtpo_verl.replay.batch_relevance import COUNTER_KEYS, GROUP_CONSTANT_KEY, request_group_constant
 from mrtpo_verl.workers.replay_worker import RANK_TIME_KEY
 
 __all__ = ["NEEDED_KEY", "ReplayBackend", "ReplayStage", "ReplayWorkerFailed", "build_replay_stage", "build_request"]
@@ -34,14 +34,6 @@ logger = logging.getLogger(__name__)
 
 #: (bs, K) bool in the request: which (response, reward) pairs to score.
 NEEDED_KEY = "mrtpo_needed"
-#: Per-row counters a backend returns next to the relevance.
-COUNTER_KEYS = (
-    "mrtpo_forward_passes",
-    "mrtpo_skipped_passes",
-    "mrtpo_tokens_replayed",
-    "mrtpo_truncated_contexts",
-    "mrtpo_prefix_tokens_shared",
-)
 
 
 class ReplayWorkerFailed(RuntimeError):
@@ -57,18 +49,19 @@ class ReplayBackend(Protocol):
 def build_request(data: DataProto, cfg: MRTPOConfig, needed: torch.Tensor) -> DataProto:
     """The replay request: token ids, masks, the needed pairs and the verifier information.
 
+    The prompt goes as the token ids the rollout fed the policy (not verl's ``raw_prompt`` messages, which
+    lack the tools and chat-template options the rollout rendered them with).
+
     Args:
         data: the step's batch with ``prompts`` (bs, P), ``attention_mask`` (bs, P + L),
             ``responses`` (bs, L), ``response_mask`` (bs, L), and in ``non_tensor_batch`` one
-            verifier-info array per ``cfg.verifier_info_keys`` (and ``raw_prompt`` if verl kept it).
+            verifier-info array per ``cfg.verifier_info_keys``.
         cfg: the ``mrtpo`` block.
         needed: (bs, K) bool.
     """
     tensors = {key: data.batch[key] for key in ("prompts", "attention_mask", "responses", "response_mask")}
     tensors[NEEDED_KEY] = needed
     non_tensors = {key: data.non_tensor_batch[key] for key in cfg.verifier_info_keys}
-    if "raw_prompt" in data.non_tensor_batch:
-        non_tensors["raw_prompt"] = data.non_tensor_batch["raw_prompt"]
     request = DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
     # Verifier-order flags over the whole batch: the DP split below may cut a group (replay/contexts.py).
     request.batch[GROUP_CONSTANT_KEY] = request_group_constant(request, cfg.verifier_info_keys)
@@ -118,6 +111,15 @@ class ReplayStage:
         elapsed = time.perf_counter() - start
         relevance = answer.batch[RELEVANCE_KEY].float()
         metrics.update(self._stage_metrics(answer, needed, elapsed))
+        if metrics["mrtpo/replay/rows_unscored"]:
+            logger.warning(
+                "mrtpo replay at global step %d: %d response(s) did not fit mrtpo.replay.max_context_tokens=%s even "
+                "with their verifier texts cut, and get uniform token weights this step (the replay workers' log "
+                "names each row); raise mrtpo.replay.max_context_tokens (or leave it null) if this recurs",
+                global_step,
+                int(metrics["mrtpo/replay/rows_unscored"]),
+                self.cfg.replay.max_context_tokens,
+            )
         metrics.update(relevance_metrics(relevance, data.batch["response_mask"], needed, self.cfg.reward_keys))
         publish(metrics, role="driver")
         return relevance, metrics
@@ -160,6 +162,8 @@ class ReplayStage:
             "mrtpo/replay/tokens_replayed": counts["mrtpo_tokens_replayed"],
             "mrtpo/replay/tokens_per_s": counts["mrtpo_tokens_replayed"] / elapsed if elapsed > 0 else 0.0,
             "mrtpo/replay/truncated_contexts": counts["mrtpo_truncated_contexts"],
+            # Responses over max_context_tokens even with the verifier texts cut: uniform weights this step.
+            "mrtpo/replay/rows_unscored": counts["mrtpo_rows_unscored"],
             # Tokens not run thanks to prefix sharing (mrtpo.replay.share_prefix).
             "mrtpo/replay/prefix_tokens_shared": counts["mrtpo_prefix_tokens_shared"],
             "mrtpo/replay/failed": 0.0,
