@@ -22,6 +22,8 @@ FAILURE_POLICIES = ("error", "uniform")
 DEVICES = ("auto", "cpu", "cuda")
 #: Dtype of a dedicated replay worker's model; auto = the actor's compute dtype (its FSDP mixed-precision param_dtype).
 DEDICATED_DTYPES = ("auto", "fp32", "bf16", "fp16")
+#: Dtype of a dedicated replay worker's model; auto = the actor's compute dtype (its FSDP mixed-precision param_dtype).
+DEDICATED_DTYPES = ("auto", "fp32", "bf16", "fp16")
 #: What the advantage step does with a prompt group that lacks some of its ``rollout.n`` responses.
 INCOMPLETE_GROUP_POLICIES = ("normalise", "error")
 
@@ -66,6 +68,7 @@ class ReplayConfig:
     dedicated_workers: int = 1
     dedicated_device: str = "auto"
     dedicated_cpus_per_worker: int = 1
+    dedicated_dtype: str = "auto"
 
     def validate(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -106,6 +109,8 @@ class ReplayConfig:
             raise _fail("replay.on_worker_failure", f"got {self.on_worker_failure!r}", " | ".join(FAILURE_POLICIES))
         if self.dedicated_device not in DEVICES:
             raise _fail("replay.dedicated_device", f"got {self.dedicated_device!r}", " | ".join(DEVICES))
+        if self.dedicated_dtype not in DEDICATED_DTYPES:
+            raise _fail("replay.dedicated_dtype", f"got {self.dedicated_dtype!r}", " | ".join(DEDICATED_DTYPES))
 
 
 @dataclass(frozen=True)
