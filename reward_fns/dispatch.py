@@ -7,9 +7,11 @@ family is 0.0 with an empty info string. All responses of one prompt (one group)
 so such a filler is constant inside every group and can never create a non-zero group advantage.
 
 Every family's scorer is total over responses (``reward_fns.total``): each call also carries the
-numeric ``reward/<family>/internal_errors`` of every selected family (1.0 when the verifier failed
-internally on this response and scored it 0), and an unreadable ground truth raises
-``GroundTruthError`` naming the row.
+numeric ``reward/<family>/internal_errors`` and ``reward/<family>/timeouts`` of every selected
+family (1.0 when the verifier failed internally on this response, or the response ran past the
+family's deadline, and scored 0), and an unreadable ground truth raises ``GroundTruthError`` naming
+the row. Every family checks responses in its own worker pool under the deadline ``timeout_s``
+(``reward_fns.process_pool.deadline``); these settings in ``reward_kwargs`` reach every family.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from reward_fns import instruction_following, text_to_sql, tool_calling
-from reward_fns.total import internal_errors_key
+from reward_fns.total import internal_errors_key, timeouts_key
 
 __all__ = ["FAMILIES", "compute_score", "counter_keys", "family_for", "info_key", "reward_keys"]
 
@@ -77,8 +79,11 @@ def reward_keys(families: Sequence[str] | str | None = None, max_constraints: in
 
 
 def counter_keys(families: Sequence[str] | str | None = None) -> tuple[str, ...]:
-    """The numeric ``reward/<family>/internal_errors`` key of every selected family, in a fixed order."""
-    return tuple(internal_errors_key(family.name) for family in _selected(families))
+    """The numeric ``reward/<family>/internal_errors`` and ``reward/<family>/timeouts`` keys of every
+    selected family, in a fixed order."""
+    return tuple(
+        key for family in _selected(families) for key in (internal_errors_key(family.name), timeouts_key(family.name))
+    )
 
 
 def family_for(data_source: str, families: Sequence[str] | str | None = None) -> Family:
@@ -111,11 +116,12 @@ def compute_score(
         families: restrict the key set to these families (``reward.custom_reward_function.reward_kwargs``);
             default all three.
         max_constraints: instruction-following slot count (default: that family's own default).
-        **kwargs: passed on to the family's scorer (e.g. ``db_root``, ``timeout_s``).
+        **kwargs: passed on to the family's scorer (e.g. ``db_root``, ``timeout_s``, ``sandbox_workers``).
 
     Returns:
         ``{"score": float, <component>: float, <component>_info: str, ...,
-        "reward/<family>/internal_errors": float, ...}`` with the same keys for every sample.
+        "reward/<family>/internal_errors": float, "reward/<family>/timeouts": float, ...}`` with the
+        same keys for every sample.
 
     Raises:
         ValueError: no family serves ``data_source``.

@@ -13,66 +13,23 @@ truth is unusable (an instruction id no offline checker implements), whatever th
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-from reward_fns import instruction_following, text_to_sql, tool_calling
-from reward_fns.instruction_following.data import parse_ground_truth as parse_constraints
-from reward_fns.text_to_sql.ground_truth import choose_db_root, resolve_gold_query
-from reward_fns.text_to_sql.verifier import _semantics_for
-from reward_fns.tool_calling.reference import parse_ground_truth as parse_tool_reference
+from reward_fns import dispatch, instruction_following, text_to_sql, tool_calling
+from reward_fns.instruction_following import verifier as instruction_following_verifier
+from reward_fns.text_to_sql import verifier as text_to_sql_verifier
+from reward_fns.tool_calling import verifier as tool_calling_verifier
 from reward_fns.total import GroundTruthError, row_label
 
 __all__ = ["GROUND_TRUTH_ERRORS", "read_ground_truth", "reward_keys_for", "validate_row"]
 
 GROUND_TRUTH_ERRORS: tuple[type[Exception], ...] = (instruction_following.UnsupportedConstraintError,)
 
-
-def _read_sql(ground_truth: Any, extra_info: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> Any:
-    data_source, semantics = str(kwargs.get("data_source", "")), kwargs.get("semantics")
-    db_root = choose_db_root(extra_info, kwargs.get("db_root"))
-    if isinstance(ground_truth, str) and (semantics is None or isinstance(semantics, str)):
-        return _read_sql_text(ground_truth, db_root, data_source, semantics)
-    return _read_sql_uncached(ground_truth, db_root, data_source, semantics)
-
-
-def _read_sql_uncached(ground_truth: Any, db_root: Path, data_source: str, semantics: Any) -> Any:
-    # The comparison rule is configuration, but a wrong one must raise too, not score every response 0.
-    _semantics_for(data_source, semantics)
-    return resolve_gold_query(ground_truth, db_root)
-
-
-# A successful read is cached (the same JSON text comes with every response of a group); errors are not.
-_read_sql_text = functools.lru_cache(maxsize=4096)(_read_sql_uncached)
-
-
-def _read_tool_calls(ground_truth: Any, extra_info: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> Any:
-    return parse_tool_reference(ground_truth)
-
-
-def _read_constraints(ground_truth: Any, extra_info: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> Any:
-    slots = len(instruction_following.reward_keys(_max_constraints(kwargs)))
-    constraints = parse_constraints(ground_truth)
-    if len(constraints.constraints) > slots:
-        raise ValueError(
-            f"The prompt has {len(constraints.constraints)} instruction-following constraints but only "
-            f"max_constraints={slots} reward slots; raise max_constraints (the same for every sample of a run) "
-            "or drop the row"
-        )
-    return constraints
-
-
-def _max_constraints(kwargs: Mapping[str, Any]) -> Any:
-    value = kwargs.get("max_constraints")
-    return instruction_following.MAX_CONSTRAINTS if value is None else value
-
-
-_READERS: dict[str, Callable[[Any, Mapping[str, Any] | None, Mapping[str, Any]], Any]] = {
-    "text_to_sql": _read_sql,
-    "tool_calling": _read_tool_calls,
-    "instruction_following": _read_constraints,
+_READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "text_to_sql": text_to_sql_verifier.read_ground_truth,
+    "tool_calling": tool_calling_verifier.read_ground_truth,
+    "instruction_following": instruction_following_verifier.read_ground_truth,
 }
 
 
@@ -103,13 +60,15 @@ def read_ground_truth(
     del solution_str
     if family not in _READERS:
         raise ValueError(f"unknown family {family!r}; known: {sorted(_READERS)}")
-    return _READERS[family](ground_truth, extra_info, {**kwargs, "data_source": data_source})
+    return _READERS[family](
+        {**kwargs, "data_source": data_source, "ground_truth": ground_truth, "extra_info": extra_info}
+    )
 
 
 def reward_keys_for(family: str, arguments: Mapping[str, Any]) -> tuple[str, ...]:
     """The family's reward keys for these ``compute_score`` arguments (slot count for instruction following)."""
     if family == "instruction_following":
-        return tuple(instruction_following.reward_keys(_max_constraints(arguments)))
+        return instruction_following_verifier.keys_for(arguments)
     return tuple({"text_to_sql": text_to_sql, "tool_calling": tool_calling}[family].REWARD_KEYS)
 
 
@@ -117,7 +76,8 @@ def validate_row(data_source: str, ground_truth: Any, extra_info: Mapping[str, A
     """Check one data row before training: its family can read its ground truth and score a response.
 
     Scores an empty response through the dispatcher, which runs the family's reader (and, for
-    instruction following, builds every constraint's checker), exactly as the reward will.
+    instruction following, builds every constraint's checker), exactly as the reward will, but in
+    this process (``isolation="inprocess"``): no response is read, so no worker pool is needed.
 
     Args:
         data_source: the row's data_source (routes to the family).
@@ -128,8 +88,6 @@ def validate_row(data_source: str, ground_truth: Any, extra_info: Mapping[str, A
     Raises:
         GroundTruthError: the row cannot be used; the message names the row and the problem.
     """
-    from reward_fns import dispatch
-
     try:
         family = dispatch.family_for(data_source)
     except ValueError as error:
@@ -142,4 +100,5 @@ def validate_row(data_source: str, ground_truth: Any, extra_info: Mapping[str, A
             label = row_label(data_source, extra_info)
             raise GroundTruthError(f"text_to_sql: the ground truth of {label} cannot be read: {error}") from error
         return
+    kwargs.setdefault("isolation", "inprocess")
     dispatch.compute_score(data_source, "", ground_truth, dict(extra_info or {}), families=[family.name], **kwargs)

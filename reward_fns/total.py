@@ -9,6 +9,12 @@ verl 0.9.1's reward managers call ``compute_score`` without a try/except, so one
 * a reward setting the family refuses (``reward_kwargs`` such as an unknown ``semantics`` or
   ``isolation``) raises :class:`RewardConfigError`: a configuration error, never a silent 0 on
   every sample;
+* a fault of the verifier's own machinery (its worker pool cannot start or keeps dying, checker
+  data missing) raises :class:`VerifierFaultError` after the pool's bounded retries, and so does a
+  verifier that fails internally on :data:`MAX_INTERNAL_ERRORS_IN_A_ROW` responses in a row (a bug
+  that every response hits, not a hostile one): the run stops with the message, never trains on 0s;
+* a response that runs past the family's deadline (:class:`ResponseTimeout`) scores 0 with every
+  component 0, the deadline in every information string and ``reward/<family>/timeouts`` = 1.0;
 * anything a *response* triggers inside the verifier (a ``RecursionError`` in a parser, a checker
   bug, a non-finite score) becomes score 0 with every component 0, the error in every verifier
   information string, ``reward/<family>/internal_errors`` = 1.0 for that sample, one log record with
@@ -18,9 +24,12 @@ verl 0.9.1's reward managers call ``compute_score`` without a try/except, so one
   sees it.
 
 Every call returns the family's fixed key set: ``score``, each reward key, each ``<key>_info`` and
-the numeric ``reward/<family>/internal_errors`` (0.0 or 1.0). verl keeps every extra key of the
-reward dict; numeric ones become validation metrics (``val-aux/<data_source>/<key>/mean@N``), so
-the internal-error rate shows next to the rewards.
+the numeric ``reward/<family>/internal_errors`` and ``reward/<family>/timeouts`` (0.0 or 1.0). verl
+keeps every extra key of the reward dict; numeric ones become validation metrics
+(``val-aux/<data_source>/<key>/mean@N``), so both rates show next to the rewards.
+
+This module imports nothing else of ``reward_fns``: each family hands its own ground-truth reader,
+key set and ground-truth error types to :func:`total_over_responses`.
 """
 
 from __future__ import annotations
@@ -40,10 +49,13 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "MAX_RESPONSE_CHARS",
     "GroundTruthError",
+    "ResponseTimeout",
     "RewardConfigError",
+    "VerifierFaultError",
     "internal_error_counts",
     "internal_errors_key",
     "row_label",
+    "timeouts_key",
     "total_over_responses",
 ]
 
@@ -52,10 +64,15 @@ MAX_RESPONSE_CHARS = 256 * 1024
 what a policy writes within verl's ``max_response_length`` (a token is rarely more than ~10 chars),
 and small enough that every parser finishes in well under a second."""
 
+MAX_INTERNAL_ERRORS_IN_A_ROW = 64
+"""Internal errors of one family on this many responses in a row, none scored in between, stop the
+run: a hostile response breaks one call, a verifier bug breaks them all."""
+
 _ERROR_TEXT_LIMIT = 300
 
 _lock = threading.Lock()
 _error_counts: Counter[str] = Counter()
+_errors_in_a_row: Counter[str] = Counter()
 _logged_sites: set[tuple[str, str, str, int]] = set()
 
 
@@ -67,9 +84,26 @@ class RewardConfigError(ValueError):
     """A reward setting (a ``reward_kwargs`` entry) that the family refuses: raised, never scored as 0."""
 
 
+class VerifierFaultError(RuntimeError):
+    """The verifier itself cannot work (no worker can start, workers keep dying, a bug on every call).
+
+    Raised through ``compute_score`` so that the run stops with this message: no response is to blame
+    and a 0 for every response would train on nothing.
+    """
+
+
+class ResponseTimeout(Exception):
+    """Checking the response ran past the family's wall-clock deadline (the response's doing: scores 0)."""
+
+
 def internal_errors_key(family: str) -> str:
     """The numeric reward key counting a family's internal errors: ``reward/<family>/internal_errors``."""
     return f"reward/{family}/internal_errors"
+
+
+def timeouts_key(family: str) -> str:
+    """The numeric reward key marking a response that ran past the deadline: ``reward/<family>/timeouts``."""
+    return f"reward/{family}/timeouts"
 
 
 def internal_error_counts() -> dict[str, int]:
@@ -82,6 +116,7 @@ def reset_internal_errors() -> None:
     """Forget the counts and which sites were logged (for tests)."""
     with _lock:
         _error_counts.clear()
+        _errors_in_a_row.clear()
         _logged_sites.clear()
 
 
@@ -114,42 +149,60 @@ def _named_ground_truth_error(family: str, arguments: Mapping[str, Any], error: 
         return GroundTruthError(message)
 
 
-def _read_ground_truth_or_raise(family: str, arguments: Mapping[str, Any]) -> None:
-    # Imported here: the readers import the families, whose verifiers import this module.
-    from reward_fns.ground_truths import read_ground_truth
+GroundTruthReader = Callable[[Mapping[str, Any]], Any]
+"""A family's ground-truth reader: takes ``compute_score``'s arguments by name, raises on a bad row."""
 
+KeysOf = Callable[[Mapping[str, Any]], tuple[str, ...]]
+"""A family's reward keys for ``compute_score``'s arguments (the slot count may be one of them)."""
+
+
+def _read_ground_truth_or_raise(family: str, reader: GroundTruthReader, arguments: Mapping[str, Any]) -> None:
     try:
-        read_ground_truth(family, **arguments)
+        reader(arguments)
     except RewardConfigError:
         raise  # a setting, not this row's data
     except Exception as error:
         raise _named_ground_truth_error(family, arguments, error) from error
 
 
-def _reward_keys(family: str, arguments: Mapping[str, Any]) -> tuple[str, ...]:
-    from reward_fns.ground_truths import reward_keys_for
-
-    return reward_keys_for(family, arguments)
-
-
-def _zero_result(family: str, keys: tuple[str, ...], info: str, internal_error: bool) -> dict[str, Any]:
+def _zero_result(
+    family: str, keys: tuple[str, ...], info: str, *, internal_error: bool = False, timeout: bool = False
+) -> dict[str, Any]:
     result: dict[str, Any] = {"score": 0.0}
     for key in keys:
         result[key] = 0.0
         result[f"{key}_info"] = info
     result[internal_errors_key(family)] = 1.0 if internal_error else 0.0
+    result[timeouts_key(family)] = 1.0 if timeout else 0.0
     return result
 
 
+def _record_success(family: str) -> None:
+    with _lock:
+        _errors_in_a_row[family] = 0
+
+
 def _record_internal_error(family: str, error: BaseException) -> None:
-    """Count the error; log it with its traceback the first time its (family, type, line) is seen."""
+    """Count the error; log it with its traceback the first time its (family, type, line) is seen.
+
+    Raises:
+        VerifierFaultError: the family failed on `MAX_INTERNAL_ERRORS_IN_A_ROW` responses in a row.
+    """
     frames = traceback.extract_tb(error.__traceback__)
     last = frames[-1] if frames else None
     site = (family, type(error).__name__, last.filename if last else "?", (last.lineno or 0) if last else 0)
     with _lock:
         _error_counts[family] += 1
+        _errors_in_a_row[family] += 1
+        in_a_row = _errors_in_a_row[family]
         first = site not in _logged_sites
         _logged_sites.add(site)
+    if in_a_row >= MAX_INTERNAL_ERRORS_IN_A_ROW:
+        raise VerifierFaultError(
+            f"reward_fns.{family}: the verifier failed internally on {in_a_row} responses in a row, the last "
+            f"with {type(error).__name__}: {error}; this is a fault of the verifier, not of the responses\n"
+            + _short_traceback(error)
+        ) from error
     if first:
         logger.error(
             "reward_fns.%s: internal error scored as 0 (logged once per site; counted in %s)\n%s",
@@ -184,19 +237,29 @@ def _checked(family: str, result: Any, keys: tuple[str, ...]) -> dict[str, Any]:
             raise ValueError(f"compute_score returned a non-finite {key} = {value}")
         checked[key] = value
     checked[internal_errors_key(family)] = 0.0
+    checked[timeouts_key(family)] = float(bool(checked.get(timeouts_key(family), 0.0)))
     return checked
 
 
-def total_over_responses(family: str) -> Callable[[Callable[..., Any]], Callable[..., dict[str, Any]]]:
+def total_over_responses(
+    family: str,
+    *,
+    read_ground_truth: GroundTruthReader,
+    reward_keys: KeysOf,
+    ground_truth_errors: tuple[type[Exception], ...] = (),
+) -> Callable[[Callable[..., Any]], Callable[..., dict[str, Any]]]:
     """Decorate a family's ``compute_score`` to be total over responses (see the module docstring).
 
     Args:
-        family: the family name (``text_to_sql``, ``tool_calling``, ``instruction_following``); its
-            ground-truth reader and key set are looked up in :mod:`reward_fns.ground_truths`.
+        family: the family name (``text_to_sql``, ``tool_calling``, ``instruction_following``).
+        read_ground_truth: the family's reader, run on every call before the scorer.
+        reward_keys: the family's reward keys for the call's arguments.
+        ground_truth_errors: error types that, raised while scoring, mean the ground truth is unusable
+            whatever the response (an instruction id no checker implements).
 
     Returns:
         The decorator. The wrapped function takes the same arguments and returns the family's keys
-        plus ``reward/<family>/internal_errors``.
+        plus ``reward/<family>/internal_errors`` and ``reward/<family>/timeouts``.
     """
 
     def decorate(compute_score: Callable[..., Any]) -> Callable[..., dict[str, Any]]:
@@ -212,24 +275,28 @@ def total_over_responses(family: str) -> Callable[[Callable[..., Any]], Callable
                 if signature.parameters[name].kind is not inspect.Parameter.VAR_KEYWORD
             }
             arguments.update(bound.kwargs)
-            _read_ground_truth_or_raise(family, arguments)
-            keys = _reward_keys(family, arguments)
+            _read_ground_truth_or_raise(family, read_ground_truth, arguments)
+            keys = reward_keys(arguments)
             response = arguments.get("solution_str")
             if isinstance(response, str) and len(response) > MAX_RESPONSE_CHARS:
                 info = f"Response refused unread: {len(response):,} characters, over the {MAX_RESPONSE_CHARS:,} cap."
-                return _zero_result(family, keys, info, internal_error=False)
+                return _zero_result(family, keys, info)
             try:
-                return _checked(family, compute_score(*args, **kwargs), keys)
-            except RewardConfigError:
+                result = _checked(family, compute_score(*args, **kwargs), keys)
+            except (RewardConfigError, VerifierFaultError):
                 raise
+            except ResponseTimeout as timeout:
+                _record_success(family)  # the verifier worked: the response ran out of time
+                return _zero_result(family, keys, f"Verifier deadline: {timeout}; the response scored 0.", timeout=True)
             except Exception as error:
-                from reward_fns.ground_truths import GROUND_TRUTH_ERRORS
-
-                if isinstance(error, GROUND_TRUTH_ERRORS):
+                if isinstance(error, ground_truth_errors):
                     raise _named_ground_truth_error(family, arguments, error) from error
                 _record_internal_error(family, error)
                 text = f"{type(error).__name__}: {error}"[:_ERROR_TEXT_LIMIT]
-                return _zero_result(family, keys, f"Verifier internal error ({text}); the response scored 0.", True)
+                info = f"Verifier internal error ({text}); the response scored 0."
+                return _zero_result(family, keys, info, internal_error=True)
+            _record_success(family)
+            return result
 
         return total_compute_score
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from benchmarks.reward_throughput import main
-from reward_fns.text_to_sql.worker_pool import close_shared_pool
+from reward_fns.process_pool.pool import close_shared_pool
 
 
 def test_quick_run_prints_a_rate_for_every_family_and_mix(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,10 @@ MRTPO (and GDPO) need one reward per verifier with the same keys on every sample
 of a batch, so a prompt's constraints are laid out in a fixed number of slots
 ``if_c0 .. if_c{N-1}`` (``N = max_constraints``), each with its verifier-information
 string ``if_c{i}_info``.
+
+The checkers run in this family's worker pool (``reward_fns.process_pool``) under the reward's
+wall-clock deadline ``timeout_s``: several IFBench checkers take seconds on a hostile 100 KiB
+answer (NLTK's tokenizers on tens of thousands of sentences), and a thread cannot be stopped.
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reward_fns.instruction_following.checkers import ConstraintResult, check_constraint
-from reward_fns.instruction_following.data import parse_ground_truth
+from reward_fns.instruction_following.checkers import ConstraintResult, UnsupportedConstraintError, check_constraint
+from reward_fns.instruction_following.data import PromptConstraints, parse_ground_truth
+from reward_fns.process_pool.deadline import DEFAULT_TIMEOUT_S, DeadlineSettings, run_task
 from reward_fns.total import total_over_responses
+
+TASKS_MODULE = "reward_fns.instruction_following.tasks"
 
 MAX_CONSTRAINTS = 3
 """Default number of constraint slots: the most instructions any prompt has in the
@@ -58,13 +65,50 @@ def reward_keys(max_constraints: int = MAX_CONSTRAINTS) -> tuple[str, ...]:
 REWARD_KEYS = reward_keys()
 
 
-@total_over_responses("instruction_following")
+def _slot_count(arguments: Mapping[str, Any]) -> int:
+    value = arguments.get("max_constraints")
+    return MAX_CONSTRAINTS if value is None else value  # type: ignore[no-any-return]
+
+
+def read_ground_truth(arguments: Mapping[str, Any]) -> PromptConstraints:
+    """The constraints of a ``compute_score`` call (its arguments by name), checked against the slot count.
+
+    Raises:
+        ValueError: malformed ground truth, or more constraints than ``max_constraints`` slots.
+    """
+    slots = len(reward_keys(_slot_count(arguments)))
+    constraints = parse_ground_truth(arguments.get("ground_truth"))  # type: ignore[arg-type]
+    if len(constraints.constraints) > slots:
+        raise ValueError(
+            f"The prompt has {len(constraints.constraints)} instruction-following constraints but only "
+            f"max_constraints={slots} reward slots; raise max_constraints (the same for every sample of a run) "
+            "or drop the row"
+        )
+    return constraints
+
+
+def keys_for(arguments: Mapping[str, Any]) -> tuple[str, ...]:
+    """The reward keys of a ``compute_score`` call: one per slot of its ``max_constraints``."""
+    return reward_keys(_slot_count(arguments))
+
+
+@total_over_responses(
+    "instruction_following",
+    read_ground_truth=read_ground_truth,
+    reward_keys=keys_for,
+    ground_truth_errors=(UnsupportedConstraintError,),
+)
 def compute_score(
     data_source: str,
     solution_str: str,
     ground_truth: Mapping[str, Any] | str,
     extra_info: dict[str, Any] | None = None,
     max_constraints: int = MAX_CONSTRAINTS,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    isolation: str = "process",
+    sandbox_workers: int | None = None,
+    sandbox_memory_bytes: int | None = None,
     **kwargs: Any,
 ) -> dict[str, float | str]:
     """Scores a response against every constraint of its prompt.
@@ -83,6 +127,12 @@ def compute_score(
         ground_truth: The prompt's constraints, schema in :mod:`.data` (dict or JSON string).
         extra_info: Unused; accepted for verl's reward-function signature.
         max_constraints: Number of constraint slots, the same for the whole run.
+        timeout_s: Wall-clock deadline for checking the response (all its constraints); past it the
+            response scores 0 and ``reward/instruction_following/timeouts`` is 1.
+        isolation: ``"process"`` (the family's worker pool; the default) or ``"inprocess"`` (no
+            deadline; for measuring the pool's cost only).
+        sandbox_workers: Worker processes of the pool (default ``min(32, os.cpu_count() + 4)``).
+        sandbox_memory_bytes: Address-space limit of each worker.
         **kwargs: Unused; accepted for verl's reward-function signature.
 
     Returns:
@@ -96,6 +146,27 @@ def compute_score(
         UnsupportedConstraintError: A constraint the checker libraries cannot check
             faithfully (see ``checkers.UNSUPPORTED``).
     """
+    settings = DeadlineSettings.from_kwargs(timeout_s, isolation, sandbox_workers, sandbox_memory_bytes)
+    prompt_constraints = parse_ground_truth(ground_truth)
+    reward_keys(max_constraints)  # a bad slot count is a setting error, raised before any work
+    plain = {
+        "instruction_id_list": [constraint.instruction_id for constraint in prompt_constraints.constraints],
+        "kwargs": [dict(constraint.kwargs) for constraint in prompt_constraints.constraints],
+        "prompt": prompt_constraints.prompt,
+    }
+    request = {"ground_truth": plain, "response": solution_str, "max_constraints": max_constraints}
+    outcome = run_task(TASKS_MODULE, "instruction-following", "score", request, settings)
+    if "unsupported" in outcome:
+        raise UnsupportedConstraintError(outcome["unsupported"])
+    return outcome["scores"]  # type: ignore[no-any-return]
+
+
+def score_response(ground_truth: Mapping[str, Any], response: str, max_constraints: int) -> dict[str, float | str]:
+    """The reward dict of one response, computed here (the worker's task; see :func:`compute_score`).
+
+    Raises:
+        UnsupportedConstraintError: a constraint no checker can check faithfully.
+    """
     keys = reward_keys(max_constraints)
     prompt_constraints = parse_ground_truth(ground_truth)
     constraint_count = len(prompt_constraints.constraints)
@@ -106,7 +177,7 @@ def compute_score(
             f"to at least {constraint_count} (it must be the same for every sample of a run)."
         )
     results = [
-        check_constraint(constraint.instruction_id, constraint.kwargs, prompt_constraints.prompt, solution_str)
+        check_constraint(constraint.instruction_id, constraint.kwargs, prompt_constraints.prompt, response)
         for constraint in prompt_constraints.constraints
     ]
     return _layout(results, keys)

@@ -6,7 +6,7 @@ of `DATA_SOURCES` to `compute_score`. The pieces:
 * `parse`: the expected response format and the extraction of the query;
 * `limits`: size, encoding and nesting caps checked before any parser runs;
 * `sandbox`: read-only, time- and size-limited execution on SQLite;
-* `worker_pool`, `sql_worker`, `sql_tasks`, `isolation`: the worker processes
+* `sql_tasks`, `isolation`: the tasks run in ``reward_fns.process_pool``'s worker processes
   (memory and file-size limits, a deadline enforced by killing) that run
   parsing and execution;
 * `compare`: Spider (bag, ORDER BY-aware) and BIRD (set) result equality;

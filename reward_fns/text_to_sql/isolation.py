@@ -1,7 +1,7 @@
 """Where the SQL tasks run: in the shared worker pool (the default) or in the calling process.
 
 ``isolation="process"`` (default) runs every task that touches untrusted SQL in a
-sandbox worker process (`worker_pool`): hard memory limit, deadline enforced by
+sandbox worker process (``reward_fns.process_pool``): hard memory limit, deadline enforced by
 killing the worker. ``isolation="inprocess"`` runs the same tasks in the calling
 process with only SQLite's own guards; it exists to measure what isolation costs
 (`benchmarks.reward_throughput`) and must not be used for training, since a
@@ -13,14 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from reward_fns.process_pool.pool import DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_WORKERS, WorkerFailure, shared_pool
 from reward_fns.text_to_sql.sql_tasks import TASKS
-from reward_fns.text_to_sql.worker_pool import (
-    DEFAULT_MEMORY_LIMIT_BYTES,
-    DEFAULT_WORKERS,
-    WorkerFailure,
-    shared_pool,
-)
 from reward_fns.total import RewardConfigError
+
+TASKS_MODULE = "reward_fns.text_to_sql.sql_tasks"
 
 ISOLATION_MODES: tuple[str, ...] = ("process", "inprocess")
 
@@ -58,7 +55,9 @@ class Isolation:
             WorkerFailure: If the task raised, or its worker overran the deadline or died.
         """
         if self.mode == "process":
-            return shared_pool(self.workers, self.memory_limit_bytes).call(task_name, kwargs, timeout_s)
+            return shared_pool(TASKS_MODULE, self.workers, self.memory_limit_bytes, "SQL").call(
+                task_name, kwargs, timeout_s
+            )
         try:
             return TASKS[task_name](**kwargs)
         except Exception as error:  # the same contract as a worker's error reply

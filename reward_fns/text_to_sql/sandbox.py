@@ -21,7 +21,7 @@ These guards run inside the process that executes the query. Some costs they
 cannot see (SQLite can spend seconds, or gigabytes, inside one instruction, e.g.
 ``printf('%.*c', 2147483647, 'x')``), so `compute_score` runs them in worker
 processes with an address-space limit and a deadline their parent enforces
-(`worker_pool`).
+(``reward_fns.process_pool``).
 
 Connections are reused per thread (SQLite connections must stay on the thread
 that made them), which keeps scoring a batch cheap.
@@ -81,7 +81,7 @@ class QueryError(Exception):
     Attributes:
         kind: A short machine-readable cause: "denied", "timeout", "too_many_rows",
             "result_too_large", "encoding", "memory" or "sqlite" (any error SQLite itself
-            reports); `worker_pool` adds "killed" (the worker overran its deadline or died).
+            reports); ``reward_fns.process_pool`` adds "killed" (the worker overran its deadline or died).
     """
 
     def __init__(self, kind: str, message: str) -> None:

@@ -1,9 +1,9 @@
 """The work that touches untrusted SQL: format check, parsing and execution, as plain-data tasks.
 
 Each task takes and returns only plain data (str, int, float, bytes, None, lists,
-tuples, dicts), so that it can run in a sandbox worker process (`sql_worker`)
+tuples, dicts), so that it can run in a sandbox worker process (``reward_fns.process_pool.worker``)
 and send its answer back through a pipe that the parent reads without
-unpickling any class (see `worker_pool`). The same functions run in-process
+unpickling any class (see ``reward_fns.process_pool``). The same functions run in-process
 when `compute_score(isolation="inprocess")` is asked for (for comparison only).
 
 Tasks, by name (`TASKS`):

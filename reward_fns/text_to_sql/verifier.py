@@ -12,7 +12,7 @@ Components (each 0.0 or 1.0):
 ``score`` is the unweighted mean of the three, so it lies in {0, 1/3, 2/3, 1}.
 
 Everything that reads or runs the response's SQL (format check, sqlglot parse,
-execution) runs in a sandbox worker process (`worker_pool`, `isolation`) under the
+execution) runs in a sandbox worker process (``reward_fns.process_pool``, `isolation`) under the
 response's deadline (`timeout_s`), and so does the gold query (`gold_timeout_s`); a
 worker that overruns its deadline is killed and the response scores 0 with the
 reason in every verifier information string.
@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reward_fns.process_pool.pool import DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_WORKERS, DeadlineExceeded, WorkerFailure
 from reward_fns.text_to_sql.compare import SEMANTICS, Semantics, results_match
 from reward_fns.text_to_sql.ground_truth import GoldQuery, choose_db_root, resolve_gold_query
 from reward_fns.text_to_sql.isolation import Isolation
 from reward_fns.text_to_sql.parse import EXPECTED_FORMAT, ExtractedQuery
 from reward_fns.text_to_sql.sandbox import DEFAULT_ROW_CAP, DEFAULT_TIMEOUT_S, QueryResult, file_signature
-from reward_fns.text_to_sql.worker_pool import DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_WORKERS, WorkerFailure
-from reward_fns.total import RewardConfigError, total_over_responses
+from reward_fns.total import RewardConfigError, timeouts_key, total_over_responses
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +213,7 @@ class _CheckedResponse:
     predicted: QueryResult | None = None
     execution_error: str | None = None
     sandbox_failure: str | None = None
+    timed_out: bool = False
 
 
 def _check_response(
@@ -230,6 +231,7 @@ def _check_response(
         return _CheckedResponse(
             ExtractedQuery(sql=None, problem="the sandbox could not finish checking the response"),
             sandbox_failure=reason,
+            timed_out=isinstance(failure, DeadlineExceeded),
         )
     tables = frozenset(fields["tables"]) if fields["tables"] is not None else None
     return _CheckedResponse(
@@ -257,7 +259,30 @@ def _execution_info(gold: GoldQuery, outcome: GoldOutcome, semantics: Semantics,
     return "\n".join(lines)
 
 
-@total_over_responses("text_to_sql")
+def read_ground_truth(arguments: Mapping[str, Any]) -> GoldQuery:
+    """The gold query of a ``compute_score`` call (its arguments by name); raises on a bad row or setting.
+
+    A successful read of a JSON-text ground truth is cached (the same text comes with every
+    response of a group); errors are not.
+    """
+    data_source, semantics = str(arguments.get("data_source", "")), arguments.get("semantics")
+    db_root = choose_db_root(arguments.get("extra_info"), arguments.get("db_root"))
+    ground_truth = arguments.get("ground_truth")
+    if isinstance(ground_truth, str) and (semantics is None or isinstance(semantics, str)):
+        return _read_gold_text(ground_truth, db_root, data_source, semantics)
+    return _read_gold(ground_truth, db_root, data_source, semantics)
+
+
+def _read_gold(ground_truth: Any, db_root: Path, data_source: str, semantics: Any) -> GoldQuery:
+    # The comparison rule is configuration, but a wrong one must raise too, not score every response 0.
+    _semantics_for(data_source, semantics)
+    return resolve_gold_query(ground_truth, db_root)
+
+
+_read_gold_text = functools.lru_cache(maxsize=GOLD_CACHE_SIZE)(_read_gold)
+
+
+@total_over_responses("text_to_sql", read_ground_truth=read_ground_truth, reward_keys=lambda arguments: REWARD_KEYS)
 def compute_score(
     data_source: str,
     solution_str: str,
@@ -285,7 +310,7 @@ def compute_score(
         extra_info: The sample's extra_info; its "db_root" (if any) locates the databases.
         semantics: "spider" (bag of rows, ORDER BY-aware, column permutation allowed) or "bird" (set of rows).
         timeout_s: Wall-clock deadline for checking and running the predicted query (parse and execution
-            together); its worker process is killed `worker_pool.KILL_GRACE_S` after it.
+            together); its worker process is killed ``process_pool.pool.KILL_GRACE_S`` after it.
         gold_timeout_s: Wall-clock deadline for the gold query (run once, then cached).
         row_cap: Most rows a result may have; more is an error ("too many rows").
         db_root: Database root used when extra_info has none.
@@ -337,6 +362,7 @@ def compute_score(
     if checked.sandbox_failure is not None:
         infos = {key: f"{info}\n{checked.sandbox_failure}" for key, info in infos.items()}
     scores: dict[str, float | str] = {"score": sum(components.values()) / len(components)}
+    scores[timeouts_key("text_to_sql")] = 1.0 if checked.timed_out else 0.0
     for key in REWARD_KEYS:
         scores[key] = components[key]
         scores[f"{key}_info"] = infos[f"{key}_info"]

@@ -1,25 +1,57 @@
-"""The tool-calling reward function: two reward components plus their verifier information."""
+"""The tool-calling reward function: two reward components plus their verifier information.
+
+The response is parsed and matched in this family's worker pool (``reward_fns.process_pool``)
+under the reward's wall-clock deadline ``timeout_s``; the ground truth travels as JSON text,
+which each worker parses once and caches (a group's responses share it).
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
+from reward_fns.process_pool.deadline import DEFAULT_TIMEOUT_S, DeadlineSettings, run_task
 from reward_fns.tool_calling.match import score_calls
 from reward_fns.tool_calling.parse import parse_response
-from reward_fns.tool_calling.reference import parse_ground_truth
+from reward_fns.tool_calling.reference import ToolCallingReference, parse_ground_truth
 from reward_fns.tool_calling.render import EXPECTED_FORMAT, render_reference
 from reward_fns.total import total_over_responses
 
 REWARD_KEYS: tuple[str, ...] = ("tool_format", "tool_correctness")
+TASKS_MODULE = "reward_fns.tool_calling.tasks"
 _PROBLEMS_SHOWN = 20  # the info string goes into a replay prompt: keep it short
 
 
-@total_over_responses("tool_calling")
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy arrays and scalars, as parquet and pandas give them
+        return value.tolist()
+    raise TypeError(f"a tool-calling ground truth holds a {type(value).__name__}, which is not JSON data")
+
+
+def ground_truth_text(ground_truth: Any) -> str:
+    """The ground truth as JSON text (a string is kept as it is: JSON or ``<tool_call>`` blocks)."""
+    if isinstance(ground_truth, str):
+        return ground_truth
+    return json.dumps(ground_truth, default=_plain, ensure_ascii=False)
+
+
+def read_ground_truth(arguments: Mapping[str, Any]) -> ToolCallingReference:
+    """The reference of a ``compute_score`` call (its arguments by name); raises on a malformed one."""
+    return parse_ground_truth(ground_truth_text(arguments.get("ground_truth")))
+
+
+@total_over_responses("tool_calling", read_ground_truth=read_ground_truth, reward_keys=lambda arguments: REWARD_KEYS)
 def compute_score(
     data_source: str,
     solution_str: str,
     ground_truth: Any,
     extra_info: dict[str, Any] | None = None,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    isolation: str = "process",
+    sandbox_workers: int | None = None,
+    sandbox_memory_bytes: int | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Score one response to a tool-calling prompt.
@@ -41,6 +73,12 @@ def compute_score(
         solution_str: the decoded response.
         ground_truth: the reference, any form ``reference.parse_ground_truth`` accepts.
         extra_info: unused.
+        timeout_s: wall-clock deadline for parsing and matching the response; past it the response
+            scores 0 and ``reward/tool_calling/timeouts`` is 1.
+        isolation: ``"process"`` (the family's worker pool; the default) or ``"inprocess"`` (no
+            deadline; for measuring the pool's cost only).
+        sandbox_workers: worker processes of the pool (default ``min(32, os.cpu_count() + 4)``).
+        sandbox_memory_bytes: address-space limit of each worker.
         **kwargs: ignored, for forward compatibility with verl's reward loop.
 
     Returns:
@@ -56,9 +94,16 @@ def compute_score(
         reward_fns.total.GroundTruthError: the ground truth is malformed (a ValueError naming
             data_source and extra_info's index); never raised because of the response.
     """
+    settings = DeadlineSettings.from_kwargs(timeout_s, isolation, sandbox_workers, sandbox_memory_bytes)
+    request = {"ground_truth": ground_truth_text(ground_truth), "response": solution_str}
+    return run_task(TASKS_MODULE, "tool-calling", "score", request, settings)  # type: ignore[no-any-return]
+
+
+def score_response(ground_truth: str, response: str) -> dict[str, Any]:
+    """The reward dict of one response, computed here (the worker's task; see :func:`compute_score`)."""
     reference = parse_ground_truth(ground_truth)
     reference_text = render_reference(reference)
-    parsed = parse_response(solution_str)
+    parsed = parse_response(response)
     if not parsed.well_formed:
         tool_format, tool_correctness = 0.0, 0.0
         format_info = f"{EXPECTED_FORMAT}\nProblem: {parsed.error}"

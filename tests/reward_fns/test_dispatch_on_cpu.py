@@ -77,6 +77,7 @@ def test_family_restriction_through_reward_kwargs() -> None:
         "sql_executability_info",
         "sql_execution_info",
         "reward/text_to_sql/internal_errors",
+        "reward/text_to_sql/timeouts",
     }
     with pytest.raises(ValueError, match="no verifier for data_source 'bfcl/simple_python'"):
         verl_reward_fn(families=["text_to_sql"])(*bfcl_sample())
@@ -132,7 +133,10 @@ def test_internal_errors_reach_verls_validation_metrics(monkeypatch: pytest.Monk
     monkeypatch.setattr(verifier, "score_calls", score_calls_with_a_bug)
     source, gold, truth = bfcl_sample()
     responses = [gold, gold.replace('"base": 10', '"base": 11'), "no call", gold]
-    results = [dispatch.compute_score(source, response, truth, {"index": 0}) for response in responses]
+    # In-process: the patched function lives in this process, not in the family's worker processes.
+    results = [
+        dispatch.compute_score(source, response, truth, {"index": 0}, isolation="inprocess") for response in responses
+    ]
     assert [r["reward/tool_calling/internal_errors"] for r in results] == [0.0, 1.0, 0.0, 0.0]
     assert "ZeroDivisionError: a bug" in results[1]["tool_correctness_info"] and results[1]["score"] == 0.0
     infos = {key: [result[key] for result in results] for key in results[0]}  # verl: the first sample's keys

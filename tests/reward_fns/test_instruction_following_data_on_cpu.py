@@ -213,7 +213,8 @@ def test_a_fresh_interpreter_scores_every_prompt_without_network_or_subprocess()
                 if set(record["instruction_id_list"]) & set(UNSUPPORTED):
                     continue
                 try:
-                    compute_score(benchmark, "A dummy response. With two sentences!", record)
+                    # In this process: the pool's workers would be subprocesses, which this test forbids.
+                    compute_score(benchmark, "A dummy response. With two sentences!", record, isolation="inprocess")
                     scored += 1
                 except UnsupportedConstraintError:
                     refused += 1

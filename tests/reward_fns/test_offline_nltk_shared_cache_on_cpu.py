@@ -37,7 +37,9 @@ SCORE_ONE_PROMPT = textwrap.dedent(
     record = next(
         r for r in load_benchmark("ifeval") if r["instruction_id_list"] == ["length_constraints:number_sentences"]
     )
-    scores = compute_score("ifeval", "Dr. Smith left at 5 p.m. today. He was tired. Then he slept.", record)
+    # In this process (not the family's worker pool), so that nltk.data.path below is the checker's own.
+    response = "Dr. Smith left at 5 p.m. today. He was tired. Then he slept."
+    scores = compute_score("ifeval", response, record, isolation="inprocess")
     print(json.dumps({"data_root": nltk.data.path[0], "tmp": tempfile.gettempdir(), "score": scores["if_c0"]}))
     """
 )

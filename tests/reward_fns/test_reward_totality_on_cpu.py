@@ -24,6 +24,7 @@ from reward_fns import dispatch, total
 from reward_fns.instruction_following import UnsupportedConstraintError
 from reward_fns.instruction_following.data import load_benchmark
 from reward_fns.text_to_sql import BUNDLED_DB_ROOT
+from reward_fns.tool_calling import verifier as tool_calling_verifier
 from reward_fns.tool_calling.bfcl_data import load_bfcl_category
 from reward_fns.total import MAX_RESPONSE_CHARS, GroundTruthError, internal_errors_key, total_over_responses
 
@@ -169,7 +170,12 @@ def test_instruction_following_is_total(response: str, row: int) -> None:
 # --- the wrapper itself, with scorers that fail on purpose -------------------------------------
 
 
-@total_over_responses("tool_calling")
+@total_over_responses(
+    "tool_calling",
+    read_ground_truth=tool_calling_verifier.read_ground_truth,
+    reward_keys=lambda arguments: tool_calling_verifier.REWARD_KEYS,
+    ground_truth_errors=(UnsupportedConstraintError,),
+)
 def failing_scorer(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any):
     if solution_str == "nan":
         infos = {"tool_format_info": "", "tool_correctness_info": ""}

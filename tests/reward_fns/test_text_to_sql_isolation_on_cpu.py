@@ -19,16 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from reward_fns.process_pool import pool as process_pool
+from reward_fns.process_pool.pool import WorkerFailure, WorkerPool, close_shared_pool
+from reward_fns.process_pool.protocol import decode_body
+from reward_fns.process_pool.worker import MAX_TEMP_FILE_BYTES
 from reward_fns.text_to_sql import BUNDLED_DB_ROOT, REWARD_KEYS, compute_score
-from reward_fns.text_to_sql.isolation import Isolation
-from reward_fns.text_to_sql.sql_worker import MAX_TEMP_FILE_BYTES
-from reward_fns.text_to_sql.worker_pool import (
-    SqlWorkerPool,
-    WorkerFailure,
-    close_shared_pool,
-    shared_pool,
-)
-from reward_fns.text_to_sql.worker_protocol import decode_body
+from reward_fns.text_to_sql.isolation import TASKS_MODULE, Isolation
 from reward_fns.total import RewardConfigError
 
 DEADLINE_S = 1.0
@@ -67,6 +63,11 @@ HOSTILE_QUERIES = {
     "pragma-write": ("PRAGMA user_version = 5", "'PRAGMA'"),
     "dml-behind-cte": ("WITH x AS (SELECT 1) DELETE FROM city", "the statement is a DELETE"),
 }
+
+
+def shared_pool(size: int = process_pool.DEFAULT_WORKERS) -> WorkerPool:
+    """This process's SQL pool (the one compute_score uses)."""
+    return process_pool.shared_pool(TASKS_MODULE, size, label="SQL")
 
 
 def fingerprint(folder: Path) -> dict[str, str]:
@@ -161,7 +162,7 @@ def test_a_worker_killed_by_a_signal_mid_query_scores_zero_and_is_replaced(world
     assert not caller.is_alive() and time.monotonic() - started < 5.0
     (result,) = results
     assert result["score"] == 0.0
-    assert "the SQL worker process died while running the query (SIGKILL)" in str(result["sql_executability_info"])
+    assert "the SQL worker process died while checking (SIGKILL)" in str(result["sql_executability_info"])
     assert not process_exists(victim)
     assert score(fenced("SELECT count(*) FROM city"), world_copy, sandbox_workers=1)["score"] == 1.0
     (replacement,) = shared_pool(size=1).worker_pids()
@@ -212,7 +213,7 @@ def test_parent_memory_does_not_grow_over_a_thousand_hostile_calls(world_copy: P
 
 def test_workers_have_the_memory_limit_and_nothing_is_left_after_close(world_copy: Path) -> None:
     threads_before = set(threading.enumerate())
-    pool = SqlWorkerPool(size=1, memory_limit_bytes=512 * 1024**2)
+    pool = WorkerPool(TASKS_MODULE, size=1, memory_limit_bytes=512 * 1024**2, label="SQL")
     request = {"response": fenced("SELECT count(*) FROM city"), "db_path": str(world_copy), "timeout_s": 1.0}
     assert pool.call("check_response", {**request, "row_cap": 10}, 1.0)["rows"] == ((4079,),)
     seen = set(pool.worker_pids())
@@ -310,8 +311,8 @@ def test_workers_exit_when_their_parent_dies_without_closing_the_pool() -> None:
     # As when a Ray actor is killed: no atexit, no close(); the workers see their input close.
     script = (
         "import os, sys\n"
-        "from reward_fns.text_to_sql.worker_pool import shared_pool\n"
-        "pool = shared_pool()\n"
+        "from reward_fns.process_pool.pool import shared_pool\n"
+        "pool = shared_pool('reward_fns.text_to_sql.sql_tasks')\n"
         f"pool.call('table_definitions', {{'db_path': {str(BUNDLED_DB_ROOT / 'singer.sqlite')!r}}}, 10.0)\n"
         "print(' '.join(map(str, pool.worker_pids())), flush=True)\n"
         "os._exit(0)\n"

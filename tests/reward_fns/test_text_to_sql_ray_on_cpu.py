@@ -26,15 +26,16 @@ class ThreadedRewardWorker:
     def score(self, names: list[str]) -> tuple[list[dict[str, Any]], list[int]]:
         from concurrent.futures import ThreadPoolExecutor
 
+        from reward_fns.process_pool.pool import shared_pool
         from reward_fns.text_to_sql import compute_score
-        from reward_fns.text_to_sql.worker_pool import shared_pool
+        from reward_fns.text_to_sql.isolation import TASKS_MODULE
 
         def one(name: str) -> dict[str, Any]:
             return compute_score("spider", RESPONSES[name], GOLD, timeout_s=1.0)
 
         with ThreadPoolExecutor(max_workers=4) as threads:
             results = list(threads.map(one, names))
-        return results, shared_pool().worker_pids()
+        return results, shared_pool(TASKS_MODULE).worker_pids()
 
 
 def process_gone(pid: int) -> bool:

@@ -46,7 +46,8 @@ BFCL_GROUND_TRUTH = {
 GOLD_RESPONSE = (
     '<tool_call>\n{"name": "flights.search", "arguments": {"origin": "SFO", "destination": "JFK"}}\n</tool_call>'
 )
-EXPECTED_KEYS = {"score", "reward/tool_calling/internal_errors", *REWARD_KEYS, *(f"{key}_info" for key in REWARD_KEYS)}
+COUNTER_KEYS = {"reward/tool_calling/internal_errors", "reward/tool_calling/timeouts"}
+EXPECTED_KEYS = {"score", *COUNTER_KEYS, *REWARD_KEYS, *(f"{key}_info" for key in REWARD_KEYS)}
 
 
 def test_contract_constants() -> None:

@@ -1,9 +1,9 @@
-"""The wire format between the reward process and its SQL worker processes.
+"""The wire format between the reward process and its worker processes.
 
 A message is one frame: an 8-byte big-endian length, then a pickle of plain
 data (str, bytes, int, float, bool, None, tuple, list, dict). Frames are read
 with `PlainDataUnpickler`, which refuses to look up any class or function, so a
-worker that SQLite's bugs or a hostile query might subvert still cannot make its
+worker that SQLite's bugs or a hostile response might subvert still cannot make its
 parent run code by what it sends back (the pickle "restricting globals" recipe).
 
 Requests: ``(task_name, kwargs)``. Replies: ``("ok", value)`` or ``("error", message)``.

@@ -1,21 +1,24 @@
-"""Entry point of one SQL sandbox worker process: `main`, started by `worker_pool` with the limit LIMIT in argv.
+"""Entry point of one worker process: `main`, started by `pool` with ``LIMIT TASKS_MODULE`` in argv.
 
 Before importing anything large, the worker limits its own address space to LIMIT
 bytes (``RLIMIT_AS``) and the size of any file it writes (``RLIMIT_FSIZE``: SQLite's
-temporary files), and switches core dumps off. It then says it is ready and answers
-requests from its standard input (see `worker_protocol`) one at a time until the
-input closes (its parent closed the pool or died). Every task error becomes an
-``("error", message)`` reply; the worker itself never stops on one. Its deadline is
-enforced from outside: the parent kills a worker that answers late (`worker_pool`).
+temporary files), and switches core dumps off. It then imports TASKS_MODULE (a family's
+module with a ``TASKS`` dict of plain-data functions, e.g. ``reward_fns.text_to_sql.sql_tasks``),
+says it is ready and answers requests from its standard input (see `protocol`) one at a
+time until the input closes (its parent closed the pool or died). Every task error becomes
+an ``("error", message)`` reply; the worker itself never stops on one. Its deadline is
+enforced from outside: the parent kills a worker that answers late (`pool`).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import resource
 import signal
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 # Largest file the worker may write. It opens databases read-only, so this bounds SQLite's
@@ -47,22 +50,20 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _answer(request: Any) -> tuple[str, Any]:
+def _answer(tasks: Mapping[str, Callable[..., Any]], request: Any) -> tuple[str, Any]:
     """Runs one request; any failure becomes an error reply naming its type."""
-    from reward_fns.text_to_sql.sql_tasks import TASKS
-
     try:
         task_name, kwargs = request
-        return "ok", TASKS[task_name](**kwargs)
+        return "ok", tasks[task_name](**kwargs)
     except MemoryError:
-        return "error", "the SQL worker ran out of memory (its address-space limit)"
+        return "error", "the worker ran out of memory (its address-space limit)"
     except Exception as error:  # a task's own failure is data for the verifier info, never fatal here
         return "error", f"{type(error).__name__}: {error}"
 
 
-def serve(requests: BinaryIO, replies: BinaryIO) -> None:
-    """Answers framed requests until the input closes."""
-    from reward_fns.text_to_sql.worker_protocol import HEADER, decode_body, encode_frame
+def serve(tasks: Mapping[str, Callable[..., Any]], requests: BinaryIO, replies: BinaryIO) -> None:
+    """Answers framed requests with `tasks` until the input closes."""
+    from reward_fns.process_pool.protocol import HEADER, decode_body, encode_frame
 
     replies.write(encode_frame(("ready", os.getpid())))
     replies.flush()
@@ -70,12 +71,12 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
         body = _read_exactly(requests, HEADER.unpack(header)[0])
         if body is None:
             return
-        replies.write(encode_frame(_answer(decode_body(body))))
+        replies.write(encode_frame(_answer(tasks, decode_body(body))))
         replies.flush()
 
 
 def main() -> None:
-    """Limits resources, imports the tasks (sqlglot, sqlite3) and serves the parent."""
+    """Limits resources, imports the task module named in argv (its libraries too) and serves the parent."""
     _limit_resources(int(sys.argv[1]))
     # The replies get a private copy of stdout; stdout itself then points at stderr, so
     # that a stray print (ours or a library's) cannot corrupt the frames.
@@ -84,9 +85,10 @@ def main() -> None:
     # sqlglot logs a warning for each statement it falls back to parsing as an opaque command
     # (EXPLAIN, ...); a policy can emit thousands, and the verifier info says what matters.
     logging.getLogger("sqlglot").setLevel(logging.ERROR)
-    import reward_fns.text_to_sql.sql_tasks  # noqa: F401  (imported before "ready": the parent's deadline starts then)
-
-    serve(sys.stdin.buffer, replies)
+    # Imported before "ready": the parent's deadline starts then. A module that cannot be imported
+    # (missing checker data, a broken install) ends the worker here, with the traceback on stderr.
+    tasks = importlib.import_module(sys.argv[2]).TASKS
+    serve(tasks, sys.stdin.buffer, replies)
 
 
 if __name__ == "__main__":

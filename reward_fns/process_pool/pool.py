@@ -1,21 +1,35 @@
-"""A small pool of reusable SQL sandbox processes with a memory limit and a parent-enforced deadline.
+"""A pool of reusable worker processes with a memory limit and a parent-enforced deadline.
 
-Why processes: SQLite's own guards (`sandbox`) run between virtual-machine
+Every reward family runs its response checks here (one pool per family, each worker
+importing that family's task module): SQLite's own guards run between virtual-machine
 instructions, and one instruction can take seconds or gigabytes (``printf`` with a
-huge width, rows of ``zeroblob``), and sqlglot's parser can recurse or take long.
-A worker process bounds all of that from outside:
+huge width, rows of ``zeroblob``); sqlglot's parser, an instruction-following checker
+or a tool-call parser can recurse or take seconds on a hostile 100 KiB answer; and a
+thread cannot be stopped from outside. A worker process bounds all of that:
 
 * memory: each worker caps its address space (``RLIMIT_AS``, `DEFAULT_MEMORY_LIMIT_BYTES`);
   an allocation past it fails inside the worker (SQLite reports "out of memory");
 * time: the parent waits for a reply at most the task's deadline plus
   `KILL_GRACE_S`; a worker that has not answered by then is killed (SIGKILL),
   reaped and replaced, and the call raises `WorkerFailure` with the reason. A worker
-  that dies on its own (a signal, a crash) is handled the same way;
-* trust: replies are read with `worker_protocol.PlainDataUnpickler` (no classes).
+  that dies on its own (a signal, a crash) is handled the same way. The deadline
+  starts when a worker takes the request, so time spent waiting for a free worker
+  never makes a correct answer time out;
+* trust: replies are read with `protocol.PlainDataUnpickler` (no classes);
+* faults of the pool itself are loud: a worker that cannot start is retried
+  `START_ATTEMPTS` times, and `MAX_DEATHS_IN_A_ROW` workers dying on their own with no
+  answer in between means the machinery, not a response, is broken; both raise
+  `WorkerStartError` / `PoolBrokenError` (``reward_fns.total.VerifierFaultError``),
+  which the reward lets through to stop the run instead of scoring 0.
 
 Design choices:
 
-* Workers are started with `subprocess.Popen` running `sql_worker.main` in a fresh
+* Size: `default_workers()` = ``min(32, os.cpu_count() + 4)``, the number of threads of
+  the default executor in which verl's reward loop runs ``compute_score``, so under verl's
+  own concurrency no call waits for a worker. Workers start on demand (the first call starts
+  one and a spare; each call that takes the last idle worker starts another spare, up to
+  the size) and are then reused.
+* Workers are started with `subprocess.Popen` running `worker.main` in a fresh
   interpreter (``python -c``), as with multiprocessing's "spawn", but without
   re-importing the parent's ``__main__`` (a training script) and without fork,
   which is unsafe in a process with threads (a Ray actor, a reward thread pool).
@@ -28,8 +42,8 @@ Design choices:
   forked from the process forgets the parent's pool (and closes its copies of the
   pipes) and builds its own on first use. A worker whose parent dies sees its input
   close and exits once its current query ends (the in-worker deadline bounds that).
-* Replacements start at once, in the background: a fresh worker needs about
-  0.1-0.3 s to import sqlglot, and `acquire` prefers a worker that is ready, so a
+* Replacements start at once, in the background: a fresh worker needs 0.1-2 s to
+  import its family's libraries, and `acquire` prefers a worker that is ready, so a
   kill does not delay the next call when the pool has a spare.
 """
 
@@ -47,11 +61,28 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from reward_fns.text_to_sql.worker_protocol import HEADER, MAX_FRAME_BYTES, decode_body, encode_frame
+from reward_fns.process_pool.protocol import HEADER, MAX_FRAME_BYTES, decode_body, encode_frame
+from reward_fns.total import ResponseTimeout, VerifierFaultError
 
-DEFAULT_WORKERS = 2
-# Python with sqlite3 and sqlglot maps about 300 MB of address space before any query runs.
+
+def default_workers() -> int:
+    """``min(32, os.cpu_count() + 4)``: as many workers as verl's reward loop runs calls at once.
+
+    verl's reward managers run each synchronous ``compute_score`` in the event loop's default
+    ``ThreadPoolExecutor``, whose size Python sets to this very formula.
+    """
+    return min(32, (os.cpu_count() or 1) + 4)
+
+
+DEFAULT_WORKERS = default_workers()
+# Python with sqlite3 and sqlglot maps about 300 MB of address space before any query runs;
+# with the instruction-following checkers' libraries (nltk, langdetect, ...) about 500 MB.
 DEFAULT_MEMORY_LIMIT_BYTES = 1024**3
+# A worker that cannot start is retried this many times in a row before the pool gives up.
+START_ATTEMPTS = 3
+# Workers that die on their own (not killed at a deadline) this many times in a row, with no
+# answer in between, mean a broken machine or install, not a hostile response.
+MAX_DEATHS_IN_A_ROW = 8
 # How long past its deadline the parent waits before killing a worker: the in-worker
 # progress handler normally answers first, with a clearer message.
 KILL_GRACE_S = 0.2
@@ -63,12 +94,16 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 # The worker imports this very copy of the package: sys.path[0] (the caller's working directory
 # under -c, which might hold another checkout or a stray sqlglot.py) becomes this package's root.
 _WORKER_BOOTSTRAP = (
-    f"import sys; sys.path[0] = {_PACKAGE_ROOT!r}; from reward_fns.text_to_sql.sql_worker import main; main()"
+    f"import sys; sys.path[0] = {_PACKAGE_ROOT!r}; from reward_fns.process_pool.worker import main; main()"
 )
 
 
 class WorkerFailure(Exception):
     """A task got no answer: its worker overran the deadline and was killed, or died, or the task raised."""
+
+
+class DeadlineExceeded(WorkerFailure, ResponseTimeout):
+    """The worker did not answer within the task's deadline and was killed (the response's doing)."""
 
 
 class _Broken(Exception):
@@ -79,12 +114,17 @@ class _Broken(Exception):
         self.kind = kind
 
 
-class WorkerStartError(RuntimeError):
-    """A worker process could not start (a broken environment, a memory limit too small to import sqlglot).
+class WorkerStartError(VerifierFaultError):
+    """No worker process could start in `START_ATTEMPTS` tries (a broken install, missing checker data,
+    a memory limit too small for the family's libraries).
 
-    Not a `WorkerFailure`: no response is to blame, so the verifier lets it propagate
-    (``reward_fns.total`` counts and logs it) instead of quietly scoring every response 0.
+    Not a `WorkerFailure`: no response is to blame, so the reward raises it (the run stops with
+    this message) instead of quietly scoring every response 0.
     """
+
+
+class PoolBrokenError(VerifierFaultError):
+    """`MAX_DEATHS_IN_A_ROW` workers died on their own with no answer in between."""
 
 
 def _signal_name(returncode: int | None) -> str:
@@ -99,9 +139,9 @@ def _signal_name(returncode: int | None) -> str:
 class _Worker:
     """One worker process and its two pipes."""
 
-    def __init__(self, memory_limit_bytes: int) -> None:
+    def __init__(self, memory_limit_bytes: int, tasks_module: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_BOOTSTRAP, str(memory_limit_bytes)],
+            [sys.executable, "-c", _WORKER_BOOTSTRAP, str(memory_limit_bytes), tasks_module],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,
@@ -202,26 +242,37 @@ def _readable(stream: IO[bytes], timeout_s: float) -> bool:
     return bool(poller.poll(max(timeout_s, 0.0) * 1000.0))
 
 
-class SqlWorkerPool:
-    """Up to `size` sandbox worker processes, started on first use and reused.
+class WorkerPool:
+    """Up to `size` worker processes running one task module's ``TASKS``, started on demand and reused.
 
     Args:
+        tasks_module: The module the workers import (its ``TASKS`` dict names the tasks).
         size: Most worker processes (also the number of calls that can run at once).
         memory_limit_bytes: Address-space limit of each worker (``RLIMIT_AS``).
+        label: What the workers check ("SQL", "instruction-following"), for messages.
 
     Raises:
         ValueError: If `size` < 1 or the memory limit is below 256 MiB (a worker could not even import).
     """
 
-    def __init__(self, size: int = DEFAULT_WORKERS, memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES) -> None:
+    def __init__(
+        self,
+        tasks_module: str,
+        size: int = DEFAULT_WORKERS,
+        memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+        label: str = "reward",
+    ) -> None:
         if size < 1:
-            raise ValueError(f"an SQL worker pool needs at least 1 worker; got size={size}")
+            raise ValueError(f"a {label} worker pool needs at least 1 worker; got size={size}")
         if memory_limit_bytes < 256 * 1024**2:
-            raise ValueError(f"SQL worker memory limit {memory_limit_bytes} bytes is below the 256 MiB minimum")
+            raise ValueError(f"{label} worker memory limit {memory_limit_bytes} bytes is below the 256 MiB minimum")
+        self.tasks_module = tasks_module
+        self.label = label
         self.size = size
         self.memory_limit_bytes = memory_limit_bytes
         self.owner_pid = os.getpid()
         self.kills = 0
+        self._deaths_in_a_row = 0
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
         self._condition = threading.Condition()
@@ -236,11 +287,16 @@ class SqlWorkerPool:
         with self._condition:
             return [worker.process.pid for worker in (*self._idle, *self._busy)]
 
+    def running_pids(self) -> list[int]:
+        """Process ids of the workers that are ready and running a task now."""
+        with self._condition:
+            return [worker.process.pid for worker in self._busy if worker.ready]
+
     def call(self, task_name: str, kwargs: dict[str, Any], timeout_s: float) -> Any:
         """Runs one task in a worker and returns its result.
 
         Args:
-            task_name: A name in `sql_tasks.TASKS`.
+            task_name: A name in the task module's ``TASKS``.
             kwargs: The task's arguments (plain data).
             timeout_s: The task's deadline; the worker is killed `KILL_GRACE_S` after it.
 
@@ -250,6 +306,8 @@ class SqlWorkerPool:
         Raises:
             WorkerFailure: If the worker overran the deadline, died, or the task raised
                 (the message says which); the pool stays usable.
+            WorkerStartError: If no worker could start (see the class).
+            PoolBrokenError: If workers keep dying on their own (see the class).
         """
         request = encode_frame((task_name, kwargs))
         worker = self._acquire()
@@ -259,29 +317,45 @@ class SqlWorkerPool:
         except _Broken as broken:
             how = self._replace(worker)
             if broken.kind == "deadline":
-                raise WorkerFailure(
-                    f"the SQL worker did not answer within the {timeout_s:g} s deadline and was killed"
+                raise DeadlineExceeded(
+                    f"the {self.label} worker did not answer within the {timeout_s:g} s deadline and was killed"
                 ) from None
             if broken.kind == "died":
-                raise WorkerFailure(f"the SQL worker process died while running the query ({how})") from None
-            raise WorkerFailure(f"the SQL worker was killed: {broken}") from None
+                self._count_death(how)
+                raise WorkerFailure(f"the {self.label} worker process died while checking ({how})") from None
+            raise WorkerFailure(f"the {self.label} worker was killed: {broken}") from None
         except BaseException:
             self._replace(worker)  # e.g. KeyboardInterrupt mid-call: the pipe is out of step
             raise
+        with self._condition:
+            self._deaths_in_a_row = 0
         self._release(worker)
         if status != "ok":
             raise WorkerFailure(str(value))
         return value
 
+    def _count_death(self, how: str) -> None:
+        with self._condition:
+            self._deaths_in_a_row += 1
+            deaths = self._deaths_in_a_row
+        if deaths >= MAX_DEATHS_IN_A_ROW:
+            raise PoolBrokenError(
+                f"{deaths} {self.label} worker processes in a row died on their own ({how}, the last) "
+                "without answering: the machine or the install is broken, not a response; see their "
+                "standard error"
+            )
+
     def _acquire(self) -> _Worker:
         """Takes a live, ready worker, preferring one that is ready now; starts workers up to `size`.
 
         A worker found dead while idle (killed from outside) is replaced and another one taken,
-        so no response is blamed for it.
+        so no response is blamed for it. A worker that fails to start is replaced up to
+        `START_ATTEMPTS` times in a row.
 
         Raises:
-            WorkerStartError: If a freshly started worker exits or is not ready in time.
+            WorkerStartError: If `START_ATTEMPTS` fresh workers in a row exit or are not ready in time.
         """
+        failed_starts = 0
         while True:
             worker = self._take_idle()
             try:
@@ -289,9 +363,13 @@ class SqlWorkerPool:
                     raise _Broken("deadline", f"it was not ready within {STARTUP_TIMEOUT_S:g} s")
             except _Broken as broken:
                 how = self._replace(worker)
+                failed_starts += 1
+                if failed_starts < START_ATTEMPTS:
+                    continue
                 reason = "it exited" if broken.kind == "died" else str(broken)
                 raise WorkerStartError(
-                    f"an SQL sandbox worker process could not start: {reason} ({how}); its standard error says why"
+                    f"no {self.label} worker process could start in {START_ATTEMPTS} attempts "
+                    f"(python -c ... {self.tasks_module}): {reason} ({how}); its standard error above says why"
                 ) from None
             if worker.process.poll() is None:
                 return worker
@@ -302,12 +380,16 @@ class SqlWorkerPool:
         with self._condition:
             while True:
                 if self._closed:
-                    raise WorkerFailure("the SQL worker pool is closed")
-                while len(self._idle) + len(self._busy) < self.size:
-                    self._idle.append(_Worker(self.memory_limit_bytes))
+                    raise WorkerFailure(f"the {self.label} worker pool is closed")
+                if not self._idle and len(self._busy) < self.size:
+                    self._idle.append(_Worker(self.memory_limit_bytes, self.tasks_module))
                 if self._idle:
                     worker = self._take_ready_or_oldest()
                     self._busy.add(worker)
+                    if not self._idle and len(self._busy) < self.size:
+                        # A spare starts warming up now, so the next call (or the one after a kill)
+                        # finds a ready worker instead of paying for the imports.
+                        self._idle.append(_Worker(self.memory_limit_bytes, self.tasks_module))
                     return worker
                 self._condition.wait()
 
@@ -337,7 +419,7 @@ class SqlWorkerPool:
             self._busy.discard(worker)
             self.kills += 1
             if not self._closed:
-                self._idle.append(_Worker(self.memory_limit_bytes))
+                self._idle.append(_Worker(self.memory_limit_bytes, self.tasks_module))
             self._condition.notify()
         return how
 
@@ -361,46 +443,53 @@ class SqlWorkerPool:
         self._idle, self._busy = [], set()
 
 
-_shared: SqlWorkerPool | None = None
+_shared: dict[str, WorkerPool] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_pool(size: int = DEFAULT_WORKERS, memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES) -> SqlWorkerPool:
-    """This process's pool, made on first use; a call with other settings replaces it.
+def shared_pool(
+    tasks_module: str,
+    size: int = DEFAULT_WORKERS,
+    memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+    label: str = "reward",
+) -> WorkerPool:
+    """This process's pool for `tasks_module`, made on first use; a call with other settings replaces it.
 
     Args:
+        tasks_module: The module the workers import (one pool per module).
         size: Number of workers.
         memory_limit_bytes: Address-space limit of each worker.
+        label: What the workers check, for messages.
 
     Returns:
         The pool.
     """
-    global _shared
     with _shared_lock:
-        pool = _shared
+        pool = _shared.get(tasks_module)
         if pool is not None and not pool.closed and pool.owner_pid == os.getpid():
             if (pool.size, pool.memory_limit_bytes) == (size, memory_limit_bytes):
                 return pool
             pool.close()
-        _shared = SqlWorkerPool(size, memory_limit_bytes)
-        return _shared
+        _shared[tasks_module] = pool = WorkerPool(tasks_module, size, memory_limit_bytes, label)
+        return pool
 
 
-def close_shared_pool() -> None:
-    """Closes this process's pool, if any (registered with atexit; safe to call again)."""
-    global _shared
+def close_shared_pool(tasks_module: str | None = None) -> None:
+    """Closes this process's pool for `tasks_module`, or every pool (registered with atexit; safe to repeat)."""
     with _shared_lock:
-        pool, _shared = _shared, None
-    if pool is not None and pool.owner_pid == os.getpid():
-        pool.close()
+        names = list(_shared) if tasks_module is None else [tasks_module]
+        pools = [pool for name in names if (pool := _shared.pop(name, None)) is not None]
+    for pool in pools:
+        if pool.owner_pid == os.getpid():
+            pool.close()
 
 
 def _forget_shared_pool_in_child() -> None:
-    global _shared, _shared_lock
+    global _shared_lock
     _shared_lock = threading.Lock()  # another thread may have held it at the fork
-    if _shared is not None:
-        _shared.forget_after_fork()
-    _shared = None
+    for pool in _shared.values():
+        pool.forget_after_fork()
+    _shared.clear()
 
 
 atexit.register(close_shared_pool)
