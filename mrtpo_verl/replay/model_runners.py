@@ -16,15 +16,19 @@ placement). There every forward pass is a collective — each decoder layer all-
 so two rules hold:
 
 1. Only the wrapped root module is called (FSDP's hooks run exactly as in verl's own log-prob pass),
-   with ``logits_to_keep=1`` so the LM head touches one position per row; the decoder's output is
-   taken by a forward hook. A shared prefix's cache is built by that same root call (``use_cache=True``),
-   so building it is one more collective pass like any other.
+   with its forward replaced, for that call and on that instance only, by the decoder's: no LM head
+   runs inside the pass, whatever forward verl installed (its fused-kernel forward computes log-probs
+   over every position and ignores ``logits_to_keep``). A shared prefix's cache is built by that same
+   root call (``use_cache=True``), so building it is one more collective pass like any other.
 2. Every rank runs the same number of forward passes: :meth:`agree_on_micro_batches` takes the
    maximum over the process group, and a rank with less work runs one-token idle passes. Otherwise
-   the rank with more work would wait forever in an all-gather. A rank that fails before that
-   meeting (e.g. on a bad verifier text) still joins it with a failure flag
-   (:meth:`release_peers_after_failure`), so every rank raises instead of waiting. The meeting is
-   therefore the first collective of a request; the scorer gathers the LM head only after it.
+   the rank with more work would wait forever in an all-gather.
+3. A failing rank never leaves the others waiting: the ranks meet (one small all-gather of a count,
+   a failure flag and a message) before the first pass, before every further pass and once after the
+   last. A rank that fails between two meetings joins the next one with its message
+   (:meth:`release_peers_after_failure`), and every rank raises :class:`PeerFailed` naming the failed
+   rank's own error. The first meeting is the first collective of a request; the scorer gathers the
+   LM head only after it.
 
 The LM head's weight is used directly (``F.linear``, no FSDP hooks): :meth:`ShardedModelRunner.scoring`
 all-gathers the FSDP2 module that owns it once at the start (on every rank) and keeps it unsharded
@@ -33,14 +37,15 @@ until scoring ends, then frees it.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, suppress
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LocalModelRunner", "ModelRunner", "PrefixCache", "ShardedModelRunner"]
+__all__ = ["LocalModelRunner", "ModelRunner", "PeerFailed", "PrefixCache", "ShardedModelRunner"]
 
 
 class PrefixCache:
@@ -136,8 +141,8 @@ class ModelRunner:
     def begin_call(self) -> None:
         """A replay request starts on this rank (local: nothing to track)."""
 
-    def release_peers_after_failure(self) -> None:
-        """This rank failed; let the other ranks stop too (local: there are none)."""
+    def release_peers_after_failure(self, error: BaseException | None = None) -> None:
+        """This rank failed with ``error``; let the other ranks stop too (local: there are none)."""
 
     @contextmanager
     def scoring(self) -> Iterator[None]:
@@ -205,21 +210,38 @@ class ShardedModelRunner(ModelRunner):
     """The actor engine's FSDP2-wrapped causal LM, run in place by every rank of its process group.
 
     Args:
-        model: the wrapped root module (verl's ``engine.module``), a transformers ``*ForCausalLM``.
+        model: the wrapped root module (verl's ``engine.module``): a transformers ``*ForCausalLM``, or a peft
+            model around one (LoRA: the decoder's linear layers carry the adapters, so the replay scores with the
+            adapted weights, like the policy).
         group: the process group whose ranks all run the replay (None: the default group).
         reshard_after_forward: the engine's own setting, restored on the LM head's FSDP owner after scoring.
+        device: where the replay's inputs go, the engine's compute device (None: the device of the LM head's
+            local shard, which is wrong when FSDP2 keeps the shards on the CPU, ``offload_policy``).
+        autocast_dtype: the engine's autocast dtype (verl's forward runs under ``torch.autocast`` with the
+            mixed-precision ``param_dtype``); None or float32: no autocast, as in verl.
     """
 
-    def __init__(self, model: Any, group: Any = None, reshard_after_forward: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        group: Any = None,
+        reshard_after_forward: bool = True,
+        device: torch.device | None = None,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
         self.model = model
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         self.group = group
         self.reshard_after_forward = reshard_after_forward
-        self._agreed = True  # no request in flight
+        self._device = device
+        self.autocast_dtype = autocast_dtype
+        self._stage = _Stage.IDLE
 
     @property
     def device(self) -> torch.device:
+        if self._device is not None:
+            return self._device
         # With FSDP2 the parameter may be a DTensor; its local shard is on this rank's device.
         weight = self.lm_head.weight
         local = weight.to_local() if hasattr(weight, "to_local") else weight
@@ -254,13 +276,24 @@ class ShardedModelRunner(ModelRunner):
         past_key_values: Any,
         use_cache: bool,
     ) -> tuple[torch.Tensor, Any]:
-        """One call of the wrapped root module (one round of FSDP all-gathers) → (decoder states, cache or None)."""
-        captured: list[torch.Tensor] = []
+        """One call of the wrapped root module (one round of FSDP all-gathers) → (decoder states, cache or None).
 
-        def keep_last_hidden_state(_module: Any, _args: Any, output: Any) -> None:
-            captured.append(output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
+        The peers are asked first whether one of them failed (one small collective), so that no rank enters
+        the model's all-gathers while another has given up.
+        """
+        self._check_peers()
+        calls: list[Any] = []
+        decoder = self.decoder
 
-        handle = self.decoder.register_forward_hook(keep_last_hidden_state)
+        def decoder_only(**kwargs: Any) -> Any:
+            calls.append(decoder(**kwargs))
+            return calls[-1]
+
+        # The root's own forward (possibly verl's fused-kernel forward, which needs return_dict and computes
+        # log-probs over every position) is replaced for this call, on this instance only, by the decoder's: FSDP's
+        # hooks are module hooks, so they run exactly as for verl's own call, and no LM head runs at all.
+        self.model.forward = decoder_only
+        self._stage = _Stage.IN_FORWARD
         try:
             output = self.model(
                 input_ids=input_ids,
@@ -268,13 +301,13 @@ class ShardedModelRunner(ModelRunner):
                 position_ids=position_ids,
                 past_key_values=past_key_values,
                 use_cache=use_cache,
-                logits_to_keep=1,  # the root forward's own logits: one position per row, thrown away
             )
         finally:
-            handle.remove()
-        if len(captured) != 1:
-            raise RuntimeError(f"colocated replay: the decoder ran {len(captured)} times in one forward pass, not once")
-        return captured[0], getattr(output, "past_key_values", None) if use_cache else None
+            del self.model.forward
+        self._stage = _Stage.SCORING
+        if len(calls) != 1:
+            raise RuntimeError(f"colocated replay: the decoder ran {len(calls)} times in one forward pass, not once")
+        return output.last_hidden_state, output.past_key_values if use_cache else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.lm_head.weight
@@ -288,37 +321,65 @@ class ShardedModelRunner(ModelRunner):
 
     def begin_call(self) -> None:
         """Start of one replay request on this rank: it has not yet met the other ranks."""
-        self._agreed = False
+        self._stage = _Stage.BEFORE_MEETING
 
     def agree_on_micro_batches(self, local_count: int) -> int:
         """The busiest rank's micro-batch count; raises on every rank if one rank failed before this point."""
-        maximum, failed = self._all_reduce_max(local_count, failed=0)
-        if failed:
-            raise RuntimeError(
-                "mrtpo colocated replay: another rank failed before its forward passes (its error is the one to read); "
-                "this rank stops too instead of waiting for it"
-            )
-        return maximum
+        counts = self._exchange(local_count, None)
+        # No pass on any rank: this was the request's last collective, so a later failure has no one to tell.
+        self._stage = _Stage.SCORING if max(counts) else _Stage.IDLE
+        return max(counts)
 
-    def release_peers_after_failure(self) -> None:
-        """Call when this rank fails: if it has not met the others yet, tell them (they raise instead of hanging).
+    def release_peers_after_failure(self, error: BaseException | None = None) -> None:
+        """Call when this rank fails: the other ranks raise at their next meeting with this rank instead of hanging.
 
-        A failure after the meeting (inside the forward passes) cannot be signalled this way; the others then
-        wait in FSDP's all-gather until the process group's timeout, as in any of verl's own collective passes.
+        A failure before the meeting or between two forward passes (building contexts, a NaN in the JS distance,
+        running out of memory in the LM head) is sent at the collective the others are about to enter (the meeting,
+        the check before their next pass, or the one at the end of scoring), with this rank's message. A failure
+        inside a forward pass (between FSDP's all-gathers) cannot be sent this way: the others then wait in the
+        all-gather until the process group's timeout, as in any of verl's own collective passes.
         """
-        if not self._agreed:
-            self._all_reduce_max(0, failed=1)
+        if self._stage in (_Stage.BEFORE_MEETING, _Stage.SCORING):
+            message = f"{type(error).__name__}: {error}" if error is not None else "failed"
+            # This rank's own failure comes back as PeerFailed (with any other rank's); its own error is raised.
+            with suppress(PeerFailed):
+                self._exchange(0, message)
+        self._stage = _Stage.IDLE
 
-    def _all_reduce_max(self, count: int, failed: int) -> tuple[int, int]:
+    def _check_peers(self) -> None:
+        """Raise :class:`PeerFailed` on every rank if any rank has failed since the last meeting."""
+        if self._stage is _Stage.SCORING:
+            self._exchange(0, None)
+
+    def _exchange(self, count: int, failure: str | None) -> list[int]:
+        """Every rank's ``count``; raises :class:`PeerFailed` (naming each failed rank's message) if any failed.
+
+        One all-gather of a small CPU byte tensor per rank: the count, a failure flag and the failure's message.
+        A CPU tensor: verl's process groups carry a gloo backend for CPU tensors next to NCCL.
+        """
         import torch.distributed as dist
 
-        self._agreed = True
         if not dist.is_initialized():
-            return count, failed
-        # A CPU tensor: verl's process groups carry a gloo backend for CPU tensors next to NCCL.
-        values = torch.tensor([count, failed], dtype=torch.long)
-        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.group)
-        return int(values[0]), int(values[1])
+            if failure is not None:
+                raise PeerFailed([(0, failure)], 0)
+            return [count]
+        payload = torch.zeros(_PAYLOAD_BYTES, dtype=torch.uint8)
+        payload[:8] = torch.tensor([count], dtype=torch.int64).view(torch.uint8)
+        if failure is not None:
+            text = failure.encode("utf-8")[: _PAYLOAD_BYTES - 9]
+            payload[8] = 1
+            payload[9 : 9 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        gathered = [torch.empty_like(payload) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(gathered, payload, group=self.group)
+        failures = [
+            (rank, bytes(row[9:].tolist()).rstrip(b"\0").decode("utf-8", errors="replace"))
+            for rank, row in enumerate(gathered)
+            if row[8]
+        ]
+        if failures:
+            self._stage = _Stage.IDLE  # every rank leaves the request here, so no further check is due
+            raise PeerFailed(failures, dist.get_rank(self.group))
+        return [int(row[:8].view(torch.int64)) for row in gathered]
 
     def idle_forward(self) -> None:
         ones = torch.ones(1, 1, dtype=torch.long, device=self.device)
@@ -330,16 +391,57 @@ class ShardedModelRunner(ModelRunner):
 
         The FSDP2 module that owns the LM head's weight (the LM head itself when it is sharded on its own,
         else the root, e.g. for tied embeddings) is all-gathered here — once on every rank, so still in
-        step — and told not to reshard after each forward pass until scoring ends.
+        step — and told not to reshard after each forward pass until scoring ends. The passes and the LM head
+        run under the engine's autocast, as verl's own forward does. On leaving normally, the ranks meet once
+        more, so that a rank that failed after its last forward pass stops the others too.
         """
         owner = next((m for m in (self.lm_head, self.model) if hasattr(m, "set_reshard_after_forward")), None)
         if owner is not None:
             owner.set_reshard_after_forward(False, recurse=False)
+            self._stage = _Stage.IN_FORWARD  # an all-gather: a failure inside it cannot be sent
             owner.unshard()
+            self._stage = _Stage.SCORING
+        autocast = (
+            torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype not in (None, torch.float32)
+            else nullcontext()
+        )
         try:
-            with super().scoring():
+            with super().scoring(), autocast:
                 yield
+            self._check_peers()
+            self._stage = _Stage.IDLE
         finally:
             if owner is not None:
                 owner.set_reshard_after_forward(self.reshard_after_forward, recurse=False)
                 owner.reshard()  # local: frees the gathered weights, no communication
+
+
+class PeerFailed(RuntimeError):
+    """Another rank of the colocated replay failed; carries each failed rank's own message.
+
+    Args:
+        failures: ``(rank, message)`` of every rank that reported a failure.
+        rank: this rank.
+    """
+
+    def __init__(self, failures: list[tuple[int, str]], rank: int) -> None:
+        self.failures = failures
+        named = "; ".join(f"rank {failed}: {message}" for failed, message in failures)
+        super().__init__(
+            f"mrtpo colocated replay failed on {named} — rank {rank} stopped with it instead of waiting in the "
+            "next collective"
+        )
+
+
+class _Stage(enum.Enum):
+    """Where a rank is in one colocated replay request (what a failure there can still tell the others)."""
+
+    IDLE = "idle"  # no request, or every rank is past its last collective
+    BEFORE_MEETING = "before_meeting"  # the others will meet this rank at agree_on_micro_batches
+    SCORING = "scoring"  # between collectives: the others will meet this rank at the next check
+    IN_FORWARD = "in_forward"  # inside FSDP's all-gathers: nothing can be sent
+
+
+#: Bytes each rank sends at a meeting: an int64 count, a failure flag, and the failure's message (UTF-8, cut).
+_PAYLOAD_BYTES = 8 + 1 + 503
