@@ -22,12 +22,14 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from mrtpo_verl.cpu_support.distributed import SETUP_HOOK
 
 __all__ = [
     "CPU_ENV",
     "apply_cpu_env",
+    "compose_actor_config",
     "cpu_overrides",
     "reward_overrides",
     "run_main_ppo",
@@ -151,6 +153,33 @@ def cpu_overrides(
         "transfer_queue.backend.SimpleStorage.total_storage_size=10000",
         *extra,
     ]
+
+
+def compose_actor_config(model_dir: str | Path, ranks: int, options: Sequence[str] = ()) -> Any:
+    """``actor_rollout_ref`` of a CPU run on ``ranks`` logical GPUs, for building verl's actor worker directly.
+
+    ``options``: engine-option overrides (e.g. ``actor_rollout_ref.model.use_fused_kernels=true``); one that sets a
+    field :func:`cpu_overrides` sets (e.g. the fp32 mixed precision) replaces it.
+    """
+    from hydra import compose, initialize_config_module
+
+    model_dir = Path(model_dir)
+    overrides = cpu_overrides(
+        model_path=model_dir,
+        train_files="unused.parquet",
+        val_files="unused.parquet",
+        ckpt_dir=model_dir.parent / "ckpt",
+        prompt_length=128,
+        response_length=32,
+        batch_size=2,
+        n=2,
+        total_steps=1,
+        extra=(f"trainer.n_gpus_per_node={ranks}",),
+    )
+    replaced = {option.lstrip("+").split("=", 1)[0] for option in options}
+    overrides = [o for o in overrides if o.lstrip("+").split("=", 1)[0] not in replaced] + list(options)
+    with initialize_config_module(config_module="mrtpo_verl.configs", version_base=None):
+        return compose(config_name="mrtpo_trainer", overrides=overrides).actor_rollout_ref
 
 
 def reward_overrides(families: Sequence[str], reward_keys: Sequence[str], info_keys: Sequence[str]) -> list[str]:

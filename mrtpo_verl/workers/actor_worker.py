@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
@@ -29,6 +30,14 @@ __all__ = ["MRTPO_BLOCK_META_KEY", "MRTPOActorRolloutRefWorker"]
 
 #: ``meta_info`` key of a colocated replay request that carries the ``mrtpo`` block (a plain dict).
 MRTPO_BLOCK_META_KEY = "mrtpo_block"
+
+
+def _engine_device() -> torch.device:
+    """The device verl's engine moves each micro-batch to (``get_device_id()`` of its platform)."""
+    from verl.utils.device import get_device_id, get_device_name
+
+    name = get_device_name()
+    return torch.device(name) if name == "cpu" else torch.device(name, get_device_id())
 
 
 class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -57,8 +66,9 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         try:
             with self.actor.engine.eval_mode():
                 answer = relevance_for_request(request, builder, scorer, info_keys)
-        except Exception:
-            scorer.runner.release_peers_after_failure()  # the other ranks raise too instead of waiting for this one
+        except Exception as error:
+            # The other ranks raise too, with this rank's message, instead of waiting for it in a collective.
+            scorer.runner.release_peers_after_failure(error)
             raise
         # verl's collect turns each rank's "metrics" dict into lists: the driver sees every rank's time.
         answer.meta_info["metrics"] = {RANK_TIME_KEY: time.perf_counter() - start}
@@ -81,7 +91,10 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
                     "use mrtpo.replay.placement=dedicated"
                 )
             runner = ShardedModelRunner(
-                engine.module, reshard_after_forward=bool(engine.engine_config.reshard_after_forward)
+                engine.module,
+                reshard_after_forward=bool(engine.engine_config.reshard_after_forward),
+                device=_engine_device(),
+                autocast_dtype=getattr(engine, "_autocast_dtype", None),
             )
             tokenizer = engine.model_config.tokenizer
             builder = ReplayContextBuilder.from_config(tokenizer, cfg.reward_keys, cfg.replay)
@@ -91,12 +104,20 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         return builder, scorer, info_keys
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def mrtpo_state_dict(self) -> dict[str, Any] | None:
-        """The full (HF-named) weights on CPU from rank 0; None from the other ranks.
+    def mrtpo_state_dict(self, dtype: str = "auto") -> dict[str, Any] | None:
+        """The full (HF-named) weights from rank 0, in ``dtype``, as Ray object references; None from the other ranks.
 
-        Every rank takes part because gathering FSDP shards is collective; only rank 0 keeps a copy,
-        so a single full state dict crosses Ray.
+        Every rank takes part because gathering FSDP shards is collective; only rank 0 receives the full tensors
+        (:func:`~mrtpo_verl.workers.weight_gather.gather_weights_to_rank0`), so the other ranks hold no copy. Rank 0
+        puts each tensor into Ray's object store as it arrives and drops it; the answer maps each name to a
+        :class:`~mrtpo_verl.workers.weight_gather.StoredTensor` (``load_stored`` turns it back into tensors).
+
+        Args:
+            dtype: ``fp32`` | ``bf16`` | ``fp16``, or ``auto`` for the engine's compute dtype (its autocast dtype,
+                the FSDP mixed-precision ``param_dtype``).
         """
-        per_tensor, _ = self.actor.engine.get_per_tensor_param()
-        weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in per_tensor}
-        return weights if self.rank == 0 else None
+        from mrtpo_verl.workers.weight_gather import DTYPES, gather_weights_to_rank0, store_in_object_store
+
+        engine = self.actor.engine
+        torch_dtype = DTYPES[dtype] if dtype != "auto" else getattr(engine, "_autocast_dtype", torch.float32)
+        return gather_weights_to_rank0(engine, torch_dtype, keep=store_in_object_store)

@@ -31,9 +31,12 @@ __all__ = [
     "ColocatedBackend",
     "DedicatedBackend",
     "InProcessBackend",
+    "actor_compute_dtype",
+    "actor_weights",
     "build_backend",
     "create_replay_worker_group",
     "dead_workers",
+    "workers_per_node",
 ]
 
 
@@ -51,6 +54,7 @@ def create_replay_worker_group(
     process_on_nodes: list[int],
     device: str = "cpu",
     cpus_per_worker: int = 1,
+    dtype: str = "fp32",
 ) -> RayWorkerGroup:
     """A ``RayWorkerGroup`` of replay workers, ``process_on_nodes[i]`` of them on node i, models loaded.
 
@@ -60,6 +64,7 @@ def create_replay_worker_group(
         process_on_nodes: workers per node (Ray places bundles node by node).
         device: "cpu" or "cuda"; on CPU each bundle asks for ``cpus_per_worker`` CPUs.
         cpus_per_worker: CPU threads of each worker.
+        dtype: the workers' model dtype (``fp32`` | ``bf16`` | ``fp16``).
     """
     use_gpu = device == "cuda"
     _check_resources(process_on_nodes, use_gpu, cpus_per_worker)
@@ -73,6 +78,7 @@ def create_replay_worker_group(
         model_path=model_path,
         device=device,
         torch_threads=cpus_per_worker,
+        dtype=dtype,
     )
     group = RayWorkerGroup(
         resource_pool=pool,
@@ -194,6 +200,27 @@ class InProcessBackend:
         return relevance_for_request(request, self.builder, self.scorer, self.cfg.verifier_info_keys)
 
 
+def workers_per_node(workers: int, nnodes: int) -> list[int]:
+    """``workers`` spread over at most ``nnodes`` nodes as evenly as possible, e.g. 3 on 2 nodes → [2, 1], 1 → [1]."""
+    if workers < 1 or nnodes < 1:
+        raise ValueError(f"need at least one worker and one node, got {workers} workers on {nnodes} nodes")
+    base, extra = divmod(workers, nnodes)
+    return [count for count in [base + 1] * extra + [base] * (nnodes - extra) if count]
+
+
+def actor_compute_dtype(config: Any) -> str:
+    """The dtype the actor's forward computes in: its FSDP mixed-precision ``param_dtype`` (verl's default bf16)."""
+    from verl.utils.torch_dtypes import PrecisionType
+
+    from mrtpo_verl.workers.weight_gather import DTYPES
+
+    actor = config.actor_rollout_ref.actor
+    mixed = (actor.get("fsdp_config") or {}).get("mixed_precision") or {}
+    # Megatron's engine (no fsdp_config.mixed_precision) also computes in bf16 unless told otherwise.
+    dtype = PrecisionType.to_dtype(mixed.get("param_dtype", "bf16"))
+    return next(name for name, torch_dtype in DTYPES.items() if torch_dtype == dtype)
+
+
 def build_backend(trainer: Any, cfg: MRTPOConfig) -> Any:
     """The backend ``mrtpo.replay.placement`` asks for, for a running verl trainer."""
     if cfg.replay.placement == "colocated":
@@ -201,9 +228,19 @@ def build_backend(trainer: Any, cfg: MRTPOConfig) -> Any:
     device = cfg.replay.dedicated_device
     if device == "auto":
         device = "cuda" if str(trainer.config.trainer.get("device", "cuda")) == "cuda" else "cpu"
-    nnodes = int(trainer.config.trainer.nnodes)
-    per_node = [max(1, cfg.replay.dedicated_workers // nnodes)] * nnodes
+    dtype = cfg.replay.dedicated_dtype
+    if dtype == "auto":
+        dtype = actor_compute_dtype(trainer.config)
+    per_node = workers_per_node(cfg.replay.dedicated_workers, int(trainer.config.trainer.nnodes))
     group = create_replay_worker_group(
-        cfg, trainer.config.actor_rollout_ref.model.path, per_node, device, cfg.replay.dedicated_cpus_per_worker
+        cfg, trainer.config.actor_rollout_ref.model.path, per_node, device, cfg.replay.dedicated_cpus_per_worker, dtype
     )
-    return DedicatedBackend(group, weight_source=getattr(trainer, "mrtpo_actor_state_dict", None))
+    return DedicatedBackend(group, weight_source=lambda: actor_weights(trainer.actor_rollout_wg, dtype))
+
+
+def actor_weights(actor_group: Any, dtype: str) -> dict[str, Any]:
+    """The actor's current full weights in ``dtype``, from its rank 0 (the only rank that holds them)."""
+    weights = [w for w in actor_group.mrtpo_state_dict(dtype) if w is not None]
+    if len(weights) != 1:
+        raise RuntimeError(f"mrtpo: expected the actor's weights from exactly one rank, got {len(weights)}")
+    return weights[0]

@@ -18,6 +18,7 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
 from mrtpo_verl.config import MRTPOConfig
+from mrtpo_verl.workers.weight_gather import DTYPES
 
 __all__ = ["RANK_TIME_KEY", "REPLAY_ROLE", "ReplayWorker"]
 
@@ -35,16 +36,26 @@ class ReplayWorker(Worker):
         model_path: a local HF model directory, or None for the embedded SmolLM2-135M-Instruct.
         device: "cpu" or "cuda".
         torch_threads: intra-op threads on CPU (None = torch's default).
+        dtype: the model's dtype, ``fp32`` | ``bf16`` | ``fp16`` (the driver passes the actor's compute dtype unless
+            ``mrtpo.replay.dedicated_dtype`` says otherwise).
     """
 
     def __init__(
-        self, mrtpo_block: dict[str, Any], model_path: str | None, device: str = "cpu", torch_threads: int | None = None
+        self,
+        mrtpo_block: dict[str, Any],
+        model_path: str | None,
+        device: str = "cpu",
+        torch_threads: int | None = None,
+        dtype: str = "fp32",
     ) -> None:
         super().__init__()
+        if dtype not in DTYPES:
+            raise ValueError(f"replay worker dtype: got {dtype!r} (allowed: {' | '.join(DTYPES)})")
         self.mrtpo = MRTPOConfig.from_block(mrtpo_block)
         self.model_path = model_path
         self.device = device
         self.torch_threads = torch_threads
+        self.dtype = dtype
         self.model: Any = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -57,7 +68,7 @@ class ReplayWorker(Worker):
         start = time.perf_counter()
         if self.torch_threads is not None:
             torch.set_num_threads(self.torch_threads)
-        self.model, self.tokenizer = load_causal_lm(self.model_path)
+        self.model, self.tokenizer = load_causal_lm(self.model_path, dtype=DTYPES[self.dtype])
         self.model.to(self.device)
         self.builder = ReplayContextBuilder.from_config(self.tokenizer, self.mrtpo.reward_keys, self.mrtpo.replay)
         self.scorer = ReplayScorer.from_config(self.model, self.mrtpo.replay)
@@ -65,9 +76,12 @@ class ReplayWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def set_weights(self, state_dict: dict[str, torch.Tensor]) -> float:
-        """Load the actor's updated weights (a full state dict); returns the seconds it took."""
+        """Load the actor's updated weights (a full state dict, tensors or ``StoredTensor`` references, copied into the
+        model's dtype); returns the seconds it took."""
+        from mrtpo_verl.workers.weight_gather import load_stored
+
         start = time.perf_counter()
-        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        missing, unexpected = self.model.load_state_dict(load_stored(state_dict), strict=False)
         if unexpected or [m for m in missing if not m.endswith("lm_head.weight")]:
             raise ValueError(
                 f"replay worker: weights do not match the model (missing {missing}, unexpected {unexpected})"

@@ -6,7 +6,7 @@ import pytest
 import ray
 from omegaconf import OmegaConf
 
-from mrtpo_verl.config import MRTPOConfig, ReplayConfig
+from mrtpo_verl.config import MRTPOConfig, MRTPOConfigError, ReplayConfig
 from mrtpo_verl.workers.placement import build_backend, create_replay_worker_group
 
 CFG = MRTPOConfig(reward_keys=("a",), verifier_info_keys=("a_info",))
@@ -42,3 +42,28 @@ def test_colocated_placement_needs_our_actor_worker_group() -> None:
     cfg = MRTPOConfig(reward_keys=("a",), verifier_info_keys=("a_info",), replay=ReplayConfig(placement="colocated"))
     with pytest.raises(TypeError, match=r"MRTPOActorRolloutRefWorker.*has no compute_mrtpo_relevance"):
         build_backend(Trainer(), cfg)
+
+
+@pytest.mark.parametrize(
+    ("workers", "nnodes", "expected"),
+    [(1, 2, [1]), (1, 1, [1]), (3, 2, [2, 1]), (4, 2, [2, 2]), (8, 1, [8]), (2, 4, [1, 1])],
+)
+def test_the_dedicated_pool_starts_exactly_the_configured_number_of_workers(workers, nnodes, expected) -> None:
+    from mrtpo_verl.workers.placement import workers_per_node
+
+    assert workers_per_node(workers, nnodes) == expected
+    assert sum(workers_per_node(workers, nnodes)) == workers
+
+
+def test_dedicated_workers_load_in_the_actors_compute_dtype_unless_told() -> None:
+    from mrtpo_verl.workers.placement import actor_compute_dtype
+
+    def config(mixed_precision):
+        fsdp = {"mixed_precision": mixed_precision} if mixed_precision is not None else {}
+        return OmegaConf.create({"actor_rollout_ref": {"actor": {"fsdp_config": fsdp}}})
+
+    assert actor_compute_dtype(config(None)) == "bf16"  # verl's FSDP default without a mixed_precision block
+    assert actor_compute_dtype(config({"param_dtype": "fp32"})) == "fp32"
+    assert actor_compute_dtype(config({"param_dtype": "float16"})) == "fp16"
+    with pytest.raises(MRTPOConfigError, match=r"replay.dedicated_dtype: got 'int8' .*auto \| fp32 \| bf16 \| fp16"):
+        ReplayConfig(dedicated_dtype="int8").validate()
