@@ -1,0 +1,197 @@
+"""Checking time grows linearly with the response for every instruction id and tool-calling category,
+and every family's ``compute_score`` returns within its deadline on the slowest answers we know.
+
+Hypothesis draws an adversarial *unit* (repeated delimiters, markup, very long words and lines,
+deep nesting, many sentences, tool-call syntax) and repeats it to a small and an eight times
+larger response. The family's own checker (``score_response``, in this process, no deadline) must
+take at most ``GROWTH_SLACK`` times eight the small response's time, plus a floor for timer noise:
+a quadratic check (the library's ``format:line_indent`` took 4 s at 100 KiB) would take 64 times.
+The instruction ids are every supported id of the packaged IFEval and IFBench prompt files; the
+tool-calling categories are BFCL's ten single-turn AST categories.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reward_fns import dispatch
+from reward_fns.instruction_following import verifier as if_verifier
+from reward_fns.instruction_following.checkers import UNSUPPORTED, UnsupportedConstraintError
+from reward_fns.instruction_following.data import BENCHMARK_FILES, load_benchmark, parse_ground_truth
+from reward_fns.process_pool.pool import close_shared_pool
+from reward_fns.tool_calling import verifier as tool_verifier
+from reward_fns.tool_calling.bfcl_data import AST_CATEGORIES, load_bfcl_category
+from reward_fns.total import MAX_RESPONSE_CHARS
+
+SMALL_CHARS = 4 * 1024
+GROWTH = 8  # the large response is this many times the small one
+GROWTH_SLACK = 3.0  # linear-ish: up to 3x the proportional time (caches, allocator, a busy machine)
+NOISE_FLOOR_S = 0.05
+DEADLINE_S = 1.0
+DEADLINE_MARGIN_S = 0.5
+
+GROWN = settings(
+    max_examples=4,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+
+adversarial_unit = st.one_of(
+    st.sampled_from(["***\n", "---\n", "* ", "- ", "# ", "\n\n", "\n", ",", ". ", "!?", '"', "'", "|", "\t", " "]),
+    st.sampled_from(["<<title>>", "**bold**", "*x*", "```\n", "<b>", "</b>", "[x](y) ", "P.S. ", "SECTION 1\n"]),
+    st.sampled_from(["Hi. ", "Dr. Smith came. ", "Is it? Yes! ", "a, b and c. ", "ABC DEF. ", "word\n\n", " word\n"]),
+    st.sampled_from(["{[(", ")]}", "{", "[", "(", '{"a": ', "[f(a=", "<tool_call>", "</tool_call>", "<think>"]),
+    st.integers(min_value=100, max_value=4_000).map(lambda n: "x" * n + " "),  # a very long word
+    st.integers(min_value=100, max_value=4_000).map(lambda n: "word " * n + "\n"),  # a very long line
+    st.text(st.characters(codec="utf-8"), min_size=1, max_size=12),
+)
+
+
+def grown(unit: str, size: int) -> str:
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+def seconds(check: Callable[[str], Any], response: str) -> float:
+    started = time.perf_counter()
+    try:
+        check(response)
+    except UnsupportedConstraintError:
+        raise
+    except Exception:  # a response may make a checker raise; the time is what is measured here
+        pass
+    return time.perf_counter() - started
+
+
+def assert_linear_ish(check: Callable[[str], Any], unit: str, label: str) -> None:
+    small = min(seconds(check, grown(unit, SMALL_CHARS)) for _ in range(3))
+    bound = GROWTH_SLACK * GROWTH * small + NOISE_FLOOR_S
+    tries = []
+    for _ in range(3):  # the machine is shared: one slow run is noise, three are the checker
+        tries.append(seconds(check, grown(unit, SMALL_CHARS * GROWTH)))
+        if tries[-1] <= bound:
+            return
+    measured = f"{small * 1e3:.1f} ms -> {min(tries) * 1e3:.1f} ms on {unit[:40]!r}"
+    raise AssertionError(f"{label}: {measured} (bound {bound:.3f} s)")
+
+
+@cache
+def instruction_records() -> dict[str, dict[str, Any]]:
+    """One single-constraint ground truth per supported instruction id, from the packaged prompt files."""
+    records: dict[str, dict[str, Any]] = {}
+    for benchmark in BENCHMARK_FILES:
+        for record in load_benchmark(benchmark):
+            parsed = parse_ground_truth(record)
+            for constraint in parsed.constraints:
+                if constraint.instruction_id in UNSUPPORTED or constraint.instruction_id in records:
+                    continue
+                one = {
+                    "instruction_id_list": [constraint.instruction_id],
+                    "kwargs": [dict(constraint.kwargs)],
+                    "prompt": parsed.prompt,
+                }
+                try:
+                    if_verifier.score_response(one, "probe", 1)
+                except UnsupportedConstraintError:
+                    continue  # arguments the checker would replace at random: refused, never scored
+                records[constraint.instruction_id] = one
+    return records
+
+
+INSTRUCTION_IDS = sorted(instruction_records())
+
+
+def test_every_instruction_id_of_the_packaged_data_is_covered() -> None:
+    assert len(INSTRUCTION_IDS) >= 75
+
+
+@pytest.mark.parametrize("instruction_id", INSTRUCTION_IDS)
+@GROWN
+@given(unit=adversarial_unit)
+def test_instruction_checking_time_is_linear_in_the_response(instruction_id: str, unit: str) -> None:
+    record = instruction_records()[instruction_id]
+    assert_linear_ish(lambda response: if_verifier.score_response(record, response, 1), unit, instruction_id)
+
+
+tool_unit = st.one_of(
+    adversarial_unit,
+    st.sampled_from(
+        [
+            '<tool_call>\n{"name": "NAME", "arguments": {"a": 1}}\n</tool_call>\n',
+            '{"name": "NAME", "arguments": {}}\n',
+            "NAME(a=1), ",
+            '{"a": [1, {"b": "c"}], ',
+            "'x', ",
+        ]
+    ),
+)
+
+
+@cache
+def tool_truth(category: str) -> tuple[str, str]:
+    item = load_bfcl_category(category)[0]
+    return tool_verifier.ground_truth_text(item.ground_truth()), item.functions[0]["name"]
+
+
+@pytest.mark.parametrize("category", AST_CATEGORIES)
+@settings(GROWN, max_examples=12)
+@given(unit=tool_unit, wrapper=st.sampled_from(["{}", "<tool_call>\n{}\n</tool_call>", "[{}]", "[NAME(a='{}')]"]))
+def test_tool_checking_time_is_linear_in_the_response(category: str, unit: str, wrapper: str) -> None:
+    truth, name = tool_truth(category)
+    unit = unit.replace("NAME", name)
+    prefix, suffix = wrapper.replace("NAME", name).split("{}")
+
+    def check(body: str) -> Any:
+        return tool_verifier.score_response(truth, prefix + body + suffix)
+
+    assert_linear_ish(check, unit, category)
+
+
+@pytest.fixture
+def fresh_pools() -> Any:
+    close_shared_pool()
+    yield
+    close_shared_pool()
+
+
+# The slowest answers found by growing the units above: linear, but seconds long at the cap.
+SLOW_AT_THE_CAP = [
+    ("words:words_position", "Hi. "),
+    ("change_case:capital_word_frequency", "Hi. "),
+    ("format:title_case", "Hi. "),
+    ("length_constraints:number_sentences", "Hi. "),
+]
+
+
+@pytest.mark.parametrize(("instruction_id", "unit"), SLOW_AT_THE_CAP)
+def test_the_slowest_instruction_answers_return_within_the_deadline(
+    fresh_pools: Any, instruction_id: str, unit: str
+) -> None:
+    record = instruction_records()[instruction_id]
+    dispatch.compute_score("ifeval", "warm-up", record, {}, timeout_s=DEADLINE_S, sandbox_workers=1)
+    response = grown(unit, MAX_RESPONSE_CHARS)
+    started = time.monotonic()
+    result = dispatch.compute_score("ifeval", response, record, {}, timeout_s=DEADLINE_S, sandbox_workers=1)
+    assert time.monotonic() - started <= DEADLINE_S + DEADLINE_MARGIN_S
+    assert result["score"] == result["if_c0"] == 0.0
+    assert result["reward/instruction_following/timeouts"] == 1.0
+    assert "did not answer within the 1 s deadline" in str(result["if_c0_info"])
+
+
+def test_the_slowest_tool_answer_returns_within_the_deadline(fresh_pools: Any) -> None:
+    # Tool calling has no answer near a second (a 100 KiB Python call list is the slowest found,
+    # about 0.2 s), so the deadline is set below it.
+    truth, name = tool_truth("live_multiple")
+    dispatch.compute_score("bfcl", "warm-up", truth, {}, timeout_s=0.05, sandbox_workers=1)
+    response = "[" + ",".join(f"{name}(a={i})" for i in range(MAX_RESPONSE_CHARS // 40)) + "]"
+    started = time.monotonic()
+    result = dispatch.compute_score("bfcl", response, truth, {}, timeout_s=0.05, sandbox_workers=1)
+    assert time.monotonic() - started <= 0.05 + DEADLINE_MARGIN_S
+    assert result["score"] == 0.0 and result["reward/tool_calling/timeouts"] == 1.0

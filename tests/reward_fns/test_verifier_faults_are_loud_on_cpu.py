@@ -1,0 +1,126 @@
+"""A fault of the verifier's own machinery stops the call with a clear error after bounded retries.
+
+Each test breaks the machinery for real: the workers cannot find their checker data (a cache
+folder that cannot be created), or their task module, or the verifier fails on every response.
+Nothing is mocked; the pools are real worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reward_fns import dispatch, total
+from reward_fns.instruction_following.data import load_benchmark
+from reward_fns.process_pool import pool as process_pool
+from reward_fns.process_pool.pool import PoolBrokenError, WorkerPool, WorkerStartError, close_shared_pool
+from reward_fns.text_to_sql import BUNDLED_DB_ROOT
+from reward_fns.text_to_sql.isolation import TASKS_MODULE as SQL_TASKS
+from reward_fns.tool_calling import verifier as tool_calling_verifier
+from reward_fns.tool_calling.bfcl_data import load_bfcl_category
+from reward_fns.total import VerifierFaultError
+
+
+@pytest.fixture(autouse=True)
+def fresh_pools() -> Any:
+    close_shared_pool()
+    yield
+    close_shared_pool()
+
+
+def test_a_pool_whose_workers_cannot_find_their_checker_data_stops_the_call(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The workers write NLTK's Punkt model under $XDG_CACHE_HOME; a file in the way makes that fail.
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "cache"))
+    record = next(iter(load_benchmark("ifeval")))
+    started = time.monotonic()
+    with pytest.raises(VerifierFaultError, match=r"no instruction-following worker process could start in 3 attempts"):
+        dispatch.compute_score("ifeval", record["prompt"], record, {"index": 0}, sandbox_workers=1)
+    assert time.monotonic() - started < 60.0
+    # Loud on every later call too, never a silent 0.
+    with pytest.raises(WorkerStartError):
+        dispatch.compute_score("ifeval", "Hello.", record, {"index": 1}, sandbox_workers=1)
+
+
+def test_a_pool_that_cannot_import_its_tasks_gives_up_after_three_attempts() -> None:
+    pool = WorkerPool("reward_fns.no_such_task_module", size=2, label="test")
+    try:
+        with pytest.raises(WorkerStartError, match="could start in 3 attempts") as caught:
+            pool.call("score", {}, 1.0)
+        assert isinstance(caught.value, VerifierFaultError)
+        assert pool.kills >= process_pool.START_ATTEMPTS
+    finally:
+        pool.close()
+
+
+def test_workers_that_keep_dying_on_their_own_stop_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each worker is killed from outside while its query runs (as an OOM killer or a broken node would).
+    monkeypatch.setattr(process_pool, "MAX_DEATHS_IN_A_ROW", 3)
+    pool = WorkerPool(SQL_TASKS, size=1, label="SQL")
+    endless = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n"
+    request = {"sql": endless, "db_path": str(BUNDLED_DB_ROOT / "world_1.sqlite"), "timeout_s": 30.0, "row_cap": 10}
+    errors: list[BaseException] = []
+
+    def run_and_kill() -> None:
+        caller = threading.Thread(target=lambda: errors.append(capture(pool.call, "run_gold", request, 30.0)))
+        caller.start()
+        give_up = time.monotonic() + 30.0
+        while not pool.running_pids() and time.monotonic() < give_up:  # until a ready worker took the query
+            time.sleep(0.01)
+        (pid,) = pool.running_pids()
+        os.kill(pid, signal.SIGKILL)
+        caller.join(timeout=10.0)
+        assert not caller.is_alive()
+
+    try:
+        for _ in range(3):
+            run_and_kill()
+        assert [type(error) for error in errors] == [process_pool.WorkerFailure] * 2 + [PoolBrokenError]
+        assert "3 SQL worker processes in a row died on their own" in str(errors[-1])
+    finally:
+        pool.close()
+
+
+def capture(function: Any, *args: Any) -> BaseException:
+    try:
+        function(*args)
+    except BaseException as error:
+        return error
+    raise AssertionError("the call did not fail")
+
+
+def test_a_bug_on_every_response_stops_the_run_after_a_bounded_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    total.reset_internal_errors()
+    monkeypatch.setattr(total, "MAX_INTERNAL_ERRORS_IN_A_ROW", 5)
+
+    def broken_score_calls(calls: Any, reference: Any) -> Any:  # a verifier bug that every response hits
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(tool_calling_verifier, "score_calls", broken_score_calls)
+    item = load_bfcl_category("simple_python")[0]
+    response = '<tool_call>{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5}}</tool_call>'
+    for index in range(4):
+        result = dispatch.compute_score("bfcl", response, item.ground_truth(), {"index": index}, isolation="inprocess")
+        assert result["reward/tool_calling/internal_errors"] == 1.0
+    with pytest.raises(VerifierFaultError, match="failed internally on 5 responses in a row"):
+        dispatch.compute_score("bfcl", response, item.ground_truth(), {"index": 4}, isolation="inprocess")
+    total.reset_internal_errors()
+
+
+def test_a_hostile_response_is_not_a_fault_of_the_pool() -> None:
+    # Deadline kills are the response's doing: they never count towards the pool's death limit.
+    truth = {"sql": "SELECT 1", "db_id": "world_1"}
+    bomb = "```sql\nSELECT printf('%.*c', 2147483647, 'x') IS NULL\n```"
+    for _ in range(process_pool.MAX_DEATHS_IN_A_ROW + 1):
+        result = dispatch.compute_score("spider", bomb, truth, {}, timeout_s=0.2, sandbox_workers=2)
+        assert result["score"] == 0.0 and result["reward/text_to_sql/timeouts"] == 1.0
+    assert process_pool.shared_pool(SQL_TASKS, 2, label="SQL").kills == process_pool.MAX_DEATHS_IN_A_ROW + 1
