@@ -1,0 +1,309 @@
+"""``python -m benchmarks.replay_numerics``: how much of the replay's relevance is numerical noise, in float32 and bf16.
+
+Relevance is ``q_{k,t} = sqrt(JSD_2(p(·|C, y_<t) ‖ p(·|C_-k, y_<t)))``. The square root turns tiny divergences
+into visible distances (JSD = 1e-6 bits gives q = 1e-3), so two forward passes of the *same* context that
+differ only in how they were batched already give q > 0. This script measures that noise floor next to the
+signal, on SmolLM2-135M-Instruct (CPU) and the three task families' real prompts, with responses the model
+samples itself and verifier texts from the families' real reward functions.
+
+Per family and dtype (float32, bf16) it prints, over every response token (median and 99th percentile):
+
+- **noise floor**: the JS distance between the full context's next-token distribution computed alone
+  (unpadded, batch of one) and the same context computed
+
+  - in a batch with the group's other full contexts, right-padded (batch neighbours + padding length),
+  - in that batch left-padded (padding side; position ids follow the real tokens),
+  - alone with 37 extra padding columns (padding length only),
+  - through a key/value cache of its first half (the prefix-sharing path);
+
+- **signal**: the replay's leave-one-out relevance ``q`` (the real :class:`ReplayScorer`, default settings);
+- **agreement of bf16 with float32 relevance**, per (response, reward) row with a real leave-one-out context:
+  Pearson correlation, max |Δq|, max |Δw| of the token weights at β = 0.5 (``w = ½ + ½ q/q̄``), and the share
+  of rows whose top-10% tokens change. Also for a bf16 decoder with the LM head applied in float32
+  (``head fp32``), to show how much of the disagreement the head's precision causes.
+
+Writes the tables to stdout and, with ``--out``, to a markdown file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.machine import machine_description
+from mrtpo_verl.math.relevance import js_distance
+from mrtpo_verl.replay.contexts import ReplayContextBuilder
+from mrtpo_verl.replay.model_runners import LocalModelRunner
+from mrtpo_verl.replay.scorer import ReplayScorer
+
+TASKS = ("text_to_sql", "tool_calling", "instruction_following")
+EXTRA_PADDING = 37
+BETA = 0.5
+
+
+class Float32HeadRunner(LocalModelRunner):
+    """The model's decoder in its own dtype, the LM head in float32 (hidden states and weight upcast)."""
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden.float(), self.lm_head.weight.float())
+
+
+@dataclass
+class FamilyNumerics:
+    """Everything measured on one family."""
+
+    task: str
+    responses: int
+    response_tokens: int
+    noise: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # dtype → variant → per-token q
+    signal: dict[str, list[float]] = field(default_factory=dict)  # dtype → per-token leave-one-out q
+    agreement: dict[str, dict[str, float]] = field(default_factory=dict)  # "bf16" / "bf16, head fp32" → figures
+    replay_seconds: dict[str, float] = field(default_factory=dict)
+    floor: dict[str, float] = field(default_factory=dict)  # dtype → median noise floor over every variant
+
+
+def _decoder_logits(model: Any, rows: Sequence[Sequence[int]], side: str, extra: int = 0) -> list[torch.Tensor]:
+    """Per row, float32 logits (n_i, vocab) at every position, from one padded decoder call over all rows."""
+    width = max(len(row) for row in rows) + extra
+    pad = 0
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        cols = slice(0, len(row)) if side == "right" else slice(width - len(row), width)
+        input_ids[i, cols] = torch.tensor(row)
+        mask[i, cols] = 1
+    positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=mask, position_ids=positions).last_hidden_state
+        out = []
+        for i, row in enumerate(rows):
+            start = 0 if side == "right" else width - len(row)
+            out.append(model.get_output_embeddings()(hidden[i, start : start + len(row)]).float())
+    return out
+
+
+def _cached_logits(model: Any, row: Sequence[int], cached: int) -> torch.Tensor:
+    """Float32 logits at every position of ``row``, its first ``cached`` tokens through a key/value cache."""
+    decoder = model.get_decoder()
+    ids = torch.tensor([list(row)])
+    with torch.no_grad():
+        prefix = decoder(
+            input_ids=ids[:, :cached],
+            attention_mask=torch.ones(1, cached, dtype=torch.long),
+            position_ids=torch.arange(cached)[None],
+            use_cache=True,
+        )
+        rest = decoder(
+            input_ids=ids[:, cached:],
+            attention_mask=torch.ones(1, len(row), dtype=torch.long),
+            position_ids=torch.arange(cached, len(row))[None],
+            past_key_values=prefix.past_key_values,
+            use_cache=True,
+        )
+        hidden = torch.cat([prefix.last_hidden_state, rest.last_hidden_state], dim=1)[0]
+        return model.get_output_embeddings()(hidden).float()
+
+
+def noise_floor(
+    model: Any, full_contexts: Sequence[Sequence[int]], response_lengths: Sequence[int]
+) -> dict[str, list[float]]:
+    """variant → per response token JS distance to the same context computed alone (see the module docstring)."""
+    alone = [_decoder_logits(model, [row], "right")[0] for row in full_contexts]
+    # Neighbours: the group's other full contexts plus one longer row, so that every row of the batch is padded.
+    longest = max(full_contexts, key=len)
+    neighbours = [*full_contexts, [*longest, *longest[:EXTRA_PADDING]]]
+    count = len(full_contexts)
+    variants = {
+        "batched, right-padded": _decoder_logits(model, neighbours, "right")[:count],
+        "batched, left-padded": _decoder_logits(model, neighbours, "left")[:count],
+        f"alone, +{EXTRA_PADDING} padding": [
+            _decoder_logits(model, [row], "right", EXTRA_PADDING)[0] for row in full_contexts
+        ],
+        "prefix cache (first half)": [_cached_logits(model, row, len(row) // 2) for row in full_contexts],
+    }
+    out: dict[str, list[float]] = {}
+    for name, logits in variants.items():
+        values: list[float] = []
+        for row, reference, other, length in zip(full_contexts, alone, logits, response_lengths, strict=True):
+            positions = slice(len(row) - length - 1, len(row) - 1)  # the positions predicting response tokens
+            values += js_distance(reference[positions], other[positions], backend="torch").abs().tolist()
+        out[name] = values
+    return out
+
+
+def _row_agreement(reference: torch.Tensor, other: torch.Tensor) -> tuple[float, float, float, bool, float]:
+    """(pearson, max |Δq|, max |Δw| at β, top-10% set changed, reference q where |Δq| is largest) of one row."""
+    gap = (reference - other).abs()
+    dq = gap.max().item()
+    q_at_max = reference[gap.argmax()].item()
+    mean_r, mean_o = reference.mean().item(), other.mean().item()
+    w_r = (1 - BETA) + BETA * reference / mean_r if mean_r > 0 else torch.ones_like(reference)
+    w_o = (1 - BETA) + BETA * other / mean_o if mean_o > 0 else torch.ones_like(other)
+    dw = (w_r - w_o).abs().max().item()
+    if reference.numel() > 1 and reference.std() > 0 and other.std() > 0:
+        pearson = torch.corrcoef(torch.stack([reference, other]))[0, 1].item()
+    else:
+        pearson = 1.0 if torch.equal(reference, other) else float("nan")
+    top = max(1, math.ceil(0.1 * reference.numel()))
+    changed = set(reference.topk(top).indices.tolist()) != set(other.topk(top).indices.tolist())
+    return pearson, dq, dw, changed, q_at_max
+
+
+def agreement(
+    reference: torch.Tensor, other: torch.Tensor, lengths: Sequence[int], rows: torch.Tensor
+) -> dict[str, float]:
+    """Agreement figures over the (response, k) rows where ``rows`` is True (a real leave-one-out context)."""
+    pearsons, dqs, dws, changed = [], [], [], 0
+    count, q_at_max = 0, float("nan")
+    for i, length in enumerate(lengths):
+        for k in range(reference.shape[1]):
+            if not rows[i, k] or length < 2:
+                continue
+            p, dq, dw, moved, q_at = _row_agreement(reference[i, k, :length], other[i, k, :length])
+            if dq >= max(dqs, default=-1.0):
+                q_at_max = q_at
+            count += 1
+            pearsons.append(p)
+            dqs.append(dq)
+            dws.append(dw)
+            changed += moved
+    finite = [p for p in pearsons if not math.isnan(p)]
+    return {
+        "rows": count,
+        "pearson_min": min(finite) if finite else float("nan"),
+        "pearson_median": statistics.median(finite) if finite else float("nan"),
+        "max_dq": max(dqs, default=0.0),
+        "max_dw": max(dws, default=0.0),
+        "top10_changed": changed / count if count else 0.0,
+        "q_at_max_dq": q_at_max,
+    }
+
+
+def measure_family(
+    model32: Any, model16: Any, tokenizer: Any, task: str, samples: int, max_new_tokens: int
+) -> FamilyNumerics:
+    from benchmarks.replay_families import family_batch
+
+    batch = family_batch(model32, tokenizer, task, samples, max_new_tokens, seed=0)
+    builder = ReplayContextBuilder(tokenizer, batch.reward_keys, max_context_tokens=8192)
+    items = builder.build_batch([batch.prompt] * len(batch.responses), batch.responses, batch.infos)
+    lengths = [len(item.response_ids) for item in items]
+    full = [[*item.full_context_ids, *item.response_ids] for item in items]
+    real_loo = torch.tensor(
+        [[list(loo) != list(item.full_context_ids) for loo in item.leave_one_out_ids] for item in items]
+    )
+    needed = torch.ones(len(items), len(batch.reward_keys), dtype=torch.bool)
+    result = FamilyNumerics(task, len(items), sum(lengths))
+    relevance: dict[str, torch.Tensor] = {}
+    runners = {"float32": model32, "bf16": model16, "bf16, head fp32": Float32HeadRunner(model16)}
+    for name, model in runners.items():
+        start = time.perf_counter()
+        with torch.no_grad():
+            relevance[name] = ReplayScorer(model).score(items, needed).relevance
+        result.replay_seconds[name] = time.perf_counter() - start
+    for name, model in (("float32", model32), ("bf16", model16)):
+        result.noise[name] = noise_floor(model, full, lengths)
+        result.signal[name] = [
+            value
+            for i, length in enumerate(lengths)
+            for k in range(len(batch.reward_keys))
+            if real_loo[i, k]
+            for value in relevance[name][i, k, :length].tolist()
+        ]
+    # Noise adds to the divergence roughly in quadrature (JSD is quadratic in small perturbations), so the
+    # floor-subtracted relevance is sqrt(max(0, q² − f²)) with f the bf16 noise floor's median over every variant.
+    floor = statistics.median(v for values in result.noise["bf16"].values() for v in values)
+    result.floor["bf16"] = floor
+    relevance[f"bf16, floor {floor:.3f} subtracted"] = (relevance["bf16"].square() - floor**2).clamp(min=0).sqrt()
+    for name in relevance:
+        if name != "float32":
+            result.agreement[name] = agreement(relevance["float32"], relevance[name], lengths, real_loo)
+    return result
+
+
+def _quantiles(values: Sequence[float]) -> str:
+    if not values:
+        return "n/a"
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    return f"{statistics.median(ordered):.2e} / {p99:.2e}"
+
+
+def report(families: Sequence[FamilyNumerics], header: Sequence[str]) -> str:
+    lines = ["```", *header, "```", ""]
+    lines += [
+        "Noise floor (same full context, computed differently) next to the signal (leave-one-out relevance), "
+        "JS distance per response token, median / 99th percentile:",
+        "",
+        "| family | dtype | what | median / p99 |",
+        "|---|---|---|---|",
+    ]
+    for family in families:
+        for dtype in ("float32", "bf16"):
+            for variant, values in family.noise[dtype].items():
+                lines.append(f"| {family.task} | {dtype} | noise: {variant} | {_quantiles(values)} |")
+            lines.append(
+                f"| {family.task} | {dtype} | **signal: leave-one-out q** | {_quantiles(family.signal[dtype])} |"
+            )
+    lines += [
+        "",
+        "bf16 relevance against float32 relevance, per (response, reward) row with a real leave-one-out context "
+        f"(w at β = {BETA}):",
+        "",
+        "| family | bf16 path | rows | Pearson min / median | max \\|Δq\\| (float32 q there) | max \\|Δw\\| "
+        "| top-10% changed | replay s (fp32 / this) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for family in families:
+        for name, figures in family.agreement.items():
+            lines.append(
+                f"| {family.task} | {name} | {figures['rows']:.0f} | {figures['pearson_min']:.4f} / "
+                f"{figures['pearson_median']:.4f} | {figures['max_dq']:.4f} ({figures['q_at_max_dq']:.3f}) | "
+                f"{figures['max_dw']:.4f} | "
+                f"{figures['top10_changed']:.0%} | {family.replay_seconds['float32']:.1f} / "
+                f"{family.replay_seconds.get(name, family.replay_seconds['bf16']):.1f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    parser.add_argument("--samples", type=int, default=4, help="responses sampled per family (one prompt)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--out", type=Path, default=None, help="also write the report here (markdown)")
+    args = parser.parse_args(argv)
+    from mrtpo_verl.replay.model_loading import load_causal_lm
+
+    model32, tokenizer = load_causal_lm(None, dtype=torch.float32)
+    model32.eval()
+    model16 = copy.deepcopy(model32).to(torch.bfloat16).eval()
+    header = machine_description(
+        "benchmarks.replay_numerics",
+        sys.argv[1:] if argv is None else argv,
+        f"SmolLM2-135M-Instruct ({model32.config.num_hidden_layers} layers); {args.samples} responses per family, "
+        f"<= {args.max_new_tokens} tokens; ",
+    )
+    families = []
+    for task in args.tasks:
+        print(f"measuring {task} ...", file=sys.stderr, flush=True)
+        families.append(measure_family(model32, model16, tokenizer, task, args.samples, args.max_new_tokens))
+    text = report(families, header)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(f"# `python -m benchmarks.replay_numerics` — latest output\n\n{text}", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

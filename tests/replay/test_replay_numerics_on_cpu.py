@@ -1,0 +1,74 @@
+"""benchmarks.replay_numerics on the real SmolLM2 and two real Spider replays: the measuring code, not its figures."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from benchmarks.replay_numerics import EXTRA_PADDING, FamilyNumerics, agreement, noise_floor, report
+from mrtpo_verl.replay.contexts import ReplayContexts
+
+
+@pytest.fixture(scope="module")
+def full_sequences(replay_items: list[ReplayContexts]) -> tuple[list[list[int]], list[int]]:
+    full = [[*item.full_context_ids, *item.response_ids] for item in replay_items]
+    return full, [len(item.response_ids) for item in replay_items]
+
+
+def test_noise_floor_is_tiny_in_float32_and_measured_on_every_response_token(
+    smollm2: tuple[Any, Any], full_sequences: tuple[list[list[int]], list[int]]
+) -> None:
+    model, _ = smollm2
+    full, lengths = full_sequences
+    noise = noise_floor(model, full, lengths)
+    assert set(noise) == {
+        "batched, right-padded",
+        "batched, left-padded",
+        f"alone, +{EXTRA_PADDING} padding",
+        "prefix cache (first half)",
+    }
+    for variant, values in noise.items():
+        assert len(values) == sum(lengths), variant
+        assert all(0.0 <= v < 1e-4 for v in values), (variant, max(values))
+
+
+def test_bf16_noise_floor_is_visible(
+    smollm2: tuple[Any, Any], full_sequences: tuple[list[list[int]], list[int]]
+) -> None:
+    """The same context computed two ways in bf16 differs far more than in float32 (rounding of another order)."""
+    model, _ = smollm2
+    full, lengths = full_sequences
+    noise = noise_floor(copy.deepcopy(model).to(torch.bfloat16), full, lengths)
+    assert max(max(values) for values in noise.values()) > 1e-3
+
+
+def test_agreement_figures() -> None:
+    torch.manual_seed(0)
+    reference = torch.rand(2, 3, 10)
+    lengths = [10, 6]
+    rows = torch.tensor([[True, True, False], [True, False, True]])
+    same = agreement(reference, reference.clone(), lengths, rows)
+    assert same["rows"] == 4
+    assert same["max_dq"] == 0.0 and same["max_dw"] == 0.0 and same["top10_changed"] == 0.0
+    assert same["pearson_min"] == pytest.approx(1.0)
+    shifted = reference.clone()
+    shifted[1, 2, 3] += 0.05  # row (1, 2) is compared: its 4th token moves by 0.05
+    shifted[0, 2, 0] += 0.5  # row (0, 2) is not compared (no real leave-one-out context)
+    moved = agreement(reference, shifted, lengths, rows)
+    assert moved["max_dq"] == pytest.approx(0.05, abs=1e-6)
+    assert moved["q_at_max_dq"] == pytest.approx(reference[1, 2, 3].item())
+
+
+def test_report_lists_every_family_and_variant() -> None:
+    family = FamilyNumerics("tool_calling", 2, 10)
+    for dtype in ("float32", "bf16"):
+        family.noise[dtype] = {"batched, right-padded": [0.0, 1e-3]}
+        family.signal[dtype] = [0.1, 0.2]
+    family.agreement["bf16"] = agreement(torch.ones(1, 1, 4), torch.ones(1, 1, 4), [4], torch.ones(1, 1).bool())
+    family.replay_seconds.update({"float32": 1.0, "bf16": 0.8})
+    text = report([family], ["command: test"])
+    assert "| tool_calling | bf16 | noise: batched, right-padded |" in text
+    assert "| tool_calling | bf16 | 1 |" in text
