@@ -1,4 +1,4 @@
-"""The leave-one-out replay: per-token relevance of each reward's verifier information (SPEC §1.2–1.3, §2).
+"""The leave-one-out replay: per-token relevance of each reward's verifier information.
 
 - :mod:`.model_loading`: load a local causal LM (or the embedded SmolLM2-135M-Instruct) offline.
 - :mod:`.contexts`: render the full and leave-one-out replay contexts (token ids) of each response.

@@ -1,4 +1,4 @@
-"""Prefix tree over the replay's contexts: which token prefixes are computed once and shared (issue 12).
+"""Prefix tree over the replay's contexts: which token prefixes are computed once and shared.
 
 Every pass of the replay is ``context + response`` (a full context ``C`` or a leave-one-out ``C_-k``). By
 construction (``contexts.py``) the contexts of one response share the rendered prompt up to the verifier

@@ -1,4 +1,4 @@
-"""Replay scorer: per-token relevance ``q_{k,t}`` from prefill passes over the replay contexts (SPEC §1.3, §2).
+"""Replay scorer: per-token relevance ``q_{k,t}`` from prefill passes over the replay contexts.
 
 For every response ``y`` (T tokens) with full context ``C`` and leave-one-out contexts ``C_-k``:
 
@@ -12,7 +12,7 @@ c-1 … c+T-2 of ``context + response``. The LM head is applied to them ``js_chu
 positions; the extra memory is the chunk's float32 logits, (1 + K') × chunk × vocab (K' ≤ K leave-one-outs
 of the response), plus the JS reduction's own cache-sized blocks.
 
-Exact skipping (SPEC §1.7): a not-needed (response, k) pair gets no pass and q = 0; a leave-one-out context
+Exact skipping: a not-needed (response, k) pair gets no pass and q = 0; a leave-one-out context
 identical to the full one (reward without verifier information) gets no pass and q = 0 exactly; a response
 with no pair left to compare gets no pass at all, not even the full context.
 
