@@ -22,8 +22,6 @@ FAILURE_POLICIES = ("error", "uniform")
 DEVICES = ("auto", "cpu", "cuda")
 #: Dtype of a dedicated replay worker's model; auto = the actor's compute dtype (its FSDP mixed-precision param_dtype).
 DEDICATED_DTYPES = ("auto", "fp32", "bf16", "fp16")
-#: Dtype of a dedicated replay worker's model; auto = the actor's compute dtype (its FSDP mixed-precision param_dtype).
-DEDICATED_DTYPES = ("auto", "fp32", "bf16", "fp16")
 #: What the advantage step does with a prompt group that lacks some of its ``rollout.n`` responses.
 INCOMPLETE_GROUP_POLICIES = ("normalise", "error")
 
@@ -128,10 +126,10 @@ class MRTPOConfig:
     reweighting: str = "none"
     dry_run: bool = False
     dump_dir: str | None = None
+    on_incomplete_group: str = "normalise"
     replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     @property
-    on_incomplete_group: str = "normalise"
     def weights_or_ones(self) -> tuple[float, ...]:
         """c_k, defaulting to 1 per reward."""
         return self.reward_weights if self.reward_weights is not None else (1.0,) * len(self.reward_keys)
@@ -203,13 +201,13 @@ class MRTPOConfig:
             raise _fail("dump_dir", f"got {self.dump_dir!r}", "null, or a directory path")
         if not isinstance(self.dry_run, bool):
             raise _fail("dry_run", f"got {self.dry_run!r}", "true | false")
-        if not isinstance(self.shuffle_seed, int):
-            raise _fail("shuffle_seed", f"got {self.shuffle_seed!r}", "an integer")
-        self.replay.validate()
         if self.on_incomplete_group not in INCOMPLETE_GROUP_POLICIES:
             raise _fail(
                 "on_incomplete_group", f"got {self.on_incomplete_group!r}", " | ".join(INCOMPLETE_GROUP_POLICIES)
             )
+        if not isinstance(self.shuffle_seed, int):
+            raise _fail("shuffle_seed", f"got {self.shuffle_seed!r}", "an integer")
+        self.replay.validate()
 
 
 def _is_int_at_least(value: Any, minimum: int) -> bool:
