@@ -72,3 +72,19 @@ def test_options_the_colocated_replay_supports_pass_start_up(overrides: list[str
 
     mrtpo = validate_run_config(compose_trainer(*MULTI_REWARD_RUN, *overrides))
     assert mrtpo is not None and mrtpo.replay.placement == "colocated"
+
+
+def test_the_gpu_checks_engine_options_compose_on_verls_config(tmp_path) -> None:
+    """benchmarks.gpu_engine_options (the GPU rows, run by benchmarks.gpu_check): every option set composes into
+    verl's actor config with its values, so the first GPU run does not stop on an override."""
+    from omegaconf import OmegaConf
+
+    from benchmarks.gpu_engine_options import OPTIONS
+    from mrtpo_verl.cpu_support.launch import compose_actor_config
+
+    for options, _tolerance in OPTIONS.values():
+        config = compose_actor_config(tmp_path / "model", 1, options)
+        for option in options:
+            field, value = option.lstrip("+").split("=", 1)
+            selected = OmegaConf.select(config, field.removeprefix("actor_rollout_ref."))
+            assert str(selected).lower() == value.lower(), option
