@@ -265,7 +265,7 @@ class ReplayContextBuilder:
     # --- prompt rendering -----------------------------------------------------------------------------------
 
     def _renderer(self, prompt: Any) -> _Renderer:
-        """A function block → rendered prompt text, for either prompt form."""
+        """A function block → context token ids, for either prompt form."""
         if _looks_like_messages(prompt):
             return self._chat_renderer([dict(message) for message in prompt])
         return self._token_id_renderer(_as_token_ids(prompt, "prompt"))
