@@ -1,0 +1,100 @@
+"""Start-up checks of verl's part of a run config: value types, then verl's own ``validate_config``.
+
+verl 0.9.1's ``ppo_trainer`` is plain yaml, so hydra takes ``data.train_batch_size=abc`` as a string
+and the mistake surfaces much later as a ``TypeError`` inside a worker. Each scalar is compared here
+with the type of its default in the composed base config (the same yaml without the command line):
+a boolean stays a boolean, an integer an integer, a float a number. Fields whose default is null,
+a string, a list or a mapping accept what verl accepts and are left to verl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from mrtpo_verl.cli_errors import ConfigMistake
+
+__all__ = ["check_value_types", "check_verl_config"]
+
+#: Our own block: validated field by field by :class:`mrtpo_verl.config.MRTPOConfig`.
+OWN_BLOCKS = ("mrtpo",)
+_MISSING = object()
+
+
+def _leaves(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted path, raw value) of every scalar under ``node``, interpolations unresolved."""
+    if isinstance(node, DictConfig):
+        for key in node:
+            value = node._get_node(key)  # the node, so that "${...}" is seen as an interpolation
+            yield from _leaves(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, ListConfig):
+        return
+    else:
+        yield path, node
+
+
+def _raw(config: DictConfig, path: str) -> Any:
+    """The value at ``path`` without resolving it; the node itself for interpolations; _MISSING if absent."""
+    parent_path, _, key = path.rpartition(".")
+    parent = OmegaConf.select(config, parent_path, default=None) if parent_path else config
+    if not isinstance(parent, DictConfig) or key not in parent:
+        return _MISSING
+    return parent._get_node(key)
+
+
+def _expected(default: Any) -> tuple[tuple[type, ...], str] | None:
+    if isinstance(default, bool):
+        return (bool,), "true | false"
+    if isinstance(default, int):
+        return (int,), "an integer"
+    if isinstance(default, float):
+        return (int, float), "a number"
+    return None
+
+
+def check_value_types(config: DictConfig, defaults: DictConfig) -> None:
+    """Every scalar whose default is a boolean or a number must still be one.
+
+    Args:
+        config: the composed run config.
+        defaults: the same config composed without the command line's overrides.
+
+    Raises:
+        ConfigMistake: ``<field>: got <value> (<type>) (allowed: <type>, as verl's default <default>)``.
+    """
+    for path, default_node in _leaves(defaults):
+        if path.split(".", 1)[0] in OWN_BLOCKS or default_node._is_interpolation():
+            continue
+        expected = _expected(default_node._value())
+        node = _raw(config, path)
+        if expected is None or node is _MISSING or node._is_interpolation() or node._is_none():
+            continue
+        value = node._value()
+        types, allowed = expected
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise ConfigMistake(
+                f"{path}: got {value!r} ({type(value).__name__}) (allowed: {allowed}, as verl's default "
+                f"{default_node._value()!r}); set {path}=<{allowed.split(' ')[-1]}>"
+            )
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    # verl's checks print notices on stdout; the dry run keeps stdout for the resolved config.
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def check_verl_config(config: DictConfig) -> None:
+    """verl's own start-up checks, as its ``main`` runs them before Ray (batch sizes, micro-batches, …)."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    with _stdout_to_stderr():
+        validate_config(
+            config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+        )
