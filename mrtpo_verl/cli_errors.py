@@ -87,7 +87,8 @@ def one_line(
             f"with spaces, brackets or special characters (hydra's override grammar: {OVERRIDE_GRAMMAR})"
         )
     if isinstance(error, MissingConfigException):
-        return f"{flatten(str(error))}; check --config-name / --config-path (the default is mrtpo_trainer)"
+        first = str(error).splitlines()[0] if str(error) else "a config is missing"
+        return f"{first.rstrip('.')}; check --config-name / --config-path (ours: mrtpo_trainer, the default)"
     if isinstance(error, ConfigCompositionException):
         cause = error.__cause__
         if isinstance(cause, ConfigKeyError | ConfigAttributeError) and getattr(cause, "full_key", None):
