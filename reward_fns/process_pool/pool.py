@@ -86,6 +86,9 @@ MAX_DEATHS_IN_A_ROW = 8
 # How long past its deadline the parent waits before killing a worker: the in-worker
 # progress handler normally answers first, with a clearer message.
 KILL_GRACE_S = 0.2
+# The worker's own timer fires this long after the deadline: a task's own deadline (SQLite's
+# progress handler) answers first with its clearer message.
+IN_WORKER_DEADLINE_DELAY_S = 0.05
 # A worker that is not ready this long after its start is considered broken.
 STARTUP_TIMEOUT_S = 60.0
 _CLOSE_WAIT_S = 2.0
@@ -182,7 +185,7 @@ class _Worker:
         except (BrokenPipeError, OSError) as error:
             raise _Broken("died", f"it could not take the query ({error})") from error
         reply = self._read_frame(deadline)
-        if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] in ("ok", "error")):
+        if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] in ("ok", "error", "timeout")):
             raise _Broken("protocol", f"it sent {reply!r:.200} instead of a reply")
         return reply
 
@@ -309,7 +312,9 @@ class WorkerPool:
             WorkerStartError: If no worker could start (see the class).
             PoolBrokenError: If workers keep dying on their own (see the class).
         """
-        request = encode_frame((task_name, kwargs))
+        # The worker stops the task itself just past the deadline and stays warm; the kill below is
+        # the backstop for a task stuck where its timer cannot reach it (one long C call).
+        request = encode_frame((task_name, kwargs, timeout_s + IN_WORKER_DEADLINE_DELAY_S))
         worker = self._acquire()
         deadline = time.monotonic() + timeout_s + KILL_GRACE_S
         try:
@@ -330,6 +335,10 @@ class WorkerPool:
         with self._condition:
             self._deaths_in_a_row = 0
         self._release(worker)
+        if status == "timeout":
+            raise DeadlineExceeded(
+                f"the {self.label} worker did not finish within the {timeout_s:g} s deadline and stopped the check"
+            )
         if status != "ok":
             raise WorkerFailure(str(value))
         return value

@@ -6,7 +6,8 @@ with `PlainDataUnpickler`, which refuses to look up any class or function, so a
 worker that SQLite's bugs or a hostile response might subvert still cannot make its
 parent run code by what it sends back (the pickle "restricting globals" recipe).
 
-Requests: ``(task_name, kwargs)``. Replies: ``("ok", value)`` or ``("error", message)``.
+Requests: ``(task_name, kwargs, deadline_s)``. Replies: ``("ok", value)``, ``("error", message)``
+or ``("timeout", message)`` (the worker's own timer stopped the task at ``deadline_s``).
 The worker's first frame is ``("ready", pid)``, sent once its imports are done.
 """
 

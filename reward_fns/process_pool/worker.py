@@ -6,8 +6,14 @@ temporary files), and switches core dumps off. It then imports TASKS_MODULE (a f
 module with a ``TASKS`` dict of plain-data functions, e.g. ``reward_fns.text_to_sql.sql_tasks``),
 says it is ready and answers requests from its standard input (see `protocol`) one at a
 time until the input closes (its parent closed the pool or died). Every task error becomes
-an ``("error", message)`` reply; the worker itself never stops on one. Its deadline is
-enforced from outside: the parent kills a worker that answers late (`pool`).
+an ``("error", message)`` reply; the worker itself never stops on one.
+
+Deadlines are enforced twice. Inside, a request may carry a deadline: an interval timer
+(``SIGALRM``) then raises `TaskDeadline` in the task when it passes, and the worker answers
+``("timeout", message)`` and stays warm for the next request (Python-level work such as
+NLTK's tokenizers stops within milliseconds; a fresh worker would cost the family's imports,
+about 2 s of CPU for instruction following). Outside, the parent kills a worker that answers
+late anyway, e.g. one stuck in a single C call such as SQLite's ``printf`` (`pool`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
+# Longest log message a worker writes: checkers log the whole response (IFEval's language check
+# logs "Unable to detect language for text ..." with all 256 KiB of a hostile answer).
+MAX_LOG_MESSAGE_CHARS = 2_000
 # Largest file the worker may write. It opens databases read-only, so this bounds SQLite's
 # temporary files: a big ORDER BY spills about 800 MB to the temporary folder within 5 s otherwise.
 MAX_TEMP_FILE_BYTES = 256 * 1024**2
@@ -38,6 +47,18 @@ def _limit_resources(address_space_bytes: int) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
+class _ShortenedMessages(logging.Filter):
+    """Cuts a log message to `MAX_LOG_MESSAGE_CHARS`, saying how much was left out."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if len(text) > MAX_LOG_MESSAGE_CHARS:
+            left_out = len(text) - MAX_LOG_MESSAGE_CHARS
+            record.msg = f"{text[:MAX_LOG_MESSAGE_CHARS]} ... [{left_out:,} characters left out]"
+            record.args = None
+        return True
+
+
 def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
     """Reads `size` bytes, or returns None at end of input."""
     chunks = []
@@ -50,11 +71,30 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
+class TaskDeadline(BaseException):
+    """Raised in a task by the interval timer at its deadline.
+
+    A BaseException, so that a checker's own ``except Exception`` cannot swallow it.
+    """
+
+
+def _raise_task_deadline(signum: int, frame: Any) -> None:
+    raise TaskDeadline
+
+
 def _answer(tasks: Mapping[str, Callable[..., Any]], request: Any) -> tuple[str, Any]:
-    """Runs one request; any failure becomes an error reply naming its type."""
+    """Runs one request ``(task_name, kwargs[, deadline_s])``; any failure becomes an error reply."""
     try:
-        task_name, kwargs = request
-        return "ok", tasks[task_name](**kwargs)
+        task_name, kwargs, *deadline = request
+        deadline_s = deadline[0] if deadline else None
+        try:
+            if deadline_s:
+                signal.setitimer(signal.ITIMER_REAL, deadline_s)
+            return "ok", tasks[task_name](**kwargs)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0.0)
+    except TaskDeadline:
+        return "timeout", f"stopped checking at the {deadline_s:g} s deadline"
     except MemoryError:
         return "error", "the worker ran out of memory (its address-space limit)"
     except Exception as error:  # a task's own failure is data for the verifier info, never fatal here
@@ -65,6 +105,7 @@ def serve(tasks: Mapping[str, Callable[..., Any]], requests: BinaryIO, replies: 
     """Answers framed requests with `tasks` until the input closes."""
     from reward_fns.process_pool.protocol import HEADER, decode_body, encode_frame
 
+    signal.signal(signal.SIGALRM, _raise_task_deadline)
     replies.write(encode_frame(("ready", os.getpid())))
     replies.flush()
     while (header := _read_exactly(requests, HEADER.size)) is not None:
@@ -85,6 +126,9 @@ def main() -> None:
     # sqlglot logs a warning for each statement it falls back to parsing as an opaque command
     # (EXPLAIN, ...); a policy can emit thousands, and the verifier info says what matters.
     logging.getLogger("sqlglot").setLevel(logging.ERROR)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_ShortenedMessages())
+    logging.basicConfig(handlers=[handler], level=logging.WARNING, format="%(levelname)s:%(name)s: %(message)s")
     # Imported before "ready": the parent's deadline starts then. A module that cannot be imported
     # (missing checker data, a broken install) ends the worker here, with the traceback on stderr.
     tasks = importlib.import_module(sys.argv[2]).TASKS
