@@ -41,7 +41,8 @@ setup(
         "absl-py",
     ],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "hypothesis", "scipy", "ruff", "mypy"],
+        # matplotlib: the plots of python -m benchmarks.learning (its smoke test runs in make test)
+        "test": ["pytest", "pytest-timeout", "hypothesis", "scipy", "ruff", "mypy", "matplotlib"],
     },
     entry_points={
         # Loaded by every `import verl` (driver and Ray workers): registers adv_estimator=mrtpo.

@@ -1,0 +1,244 @@
+"""The comparison's report: a plot per reward and a markdown page of tables with intervals.
+
+From every finished run's records (``records.jsonl``):
+
+- per reward, a PNG with the evaluation curve of each arm (mean over seeds, 95% Student-t band)
+  and the training-batch mean (dashed; mean over seeds);
+- per reward and arm: the evaluation before training, the final evaluation (mean, 95% t interval),
+  its difference to ``gdpo`` paired by seed, and the steps each seed took to reach the threshold;
+- per arm: median step time (steps after the first; evaluation excluded) and its ratio to ``gdpo``,
+  the final KL and entropy, and for MRTPO arms each reward's relevance concentration.
+
+The threshold of a reward, unless given, is the evaluation before training plus half of the best
+arm's mean improvement at the last step (so it is reachable by the best arm on average); it is
+printed in the report.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.learning.stats import Interval, steps_to_threshold, t_interval
+
+__all__ = ["Comparison", "write_report"]
+
+Records = list[dict[str, Any]]
+
+
+class Comparison:
+    """Finished runs' records, indexed by arm and seed."""
+
+    def __init__(self, runs: Mapping[tuple[str, int], Records], keys: Sequence[str], arms: Sequence[str]) -> None:
+        self.runs = dict(runs)
+        self.keys = tuple(keys)
+        self.arms = tuple(arm for arm in arms if any(a == arm for a, _ in self.runs))
+
+    def seeds(self, arm: str) -> list[int]:
+        return sorted(seed for a, seed in self.runs if a == arm)
+
+    def eval_curve(self, arm: str, seed: int, key: str) -> list[tuple[int, float]]:
+        return [(r["step"], r["eval"][key]) for r in self.runs[(arm, seed)] if key in r.get("eval", {})]
+
+    def train_curve(self, arm: str, seed: int, key: str) -> list[tuple[int, float]]:
+        return [(r["step"], r["train"][key]) for r in self.runs[(arm, seed)] if key in r.get("train", {})]
+
+    def final_eval(self, arm: str, seed: int, key: str) -> float | None:
+        curve = self.eval_curve(arm, seed, key)
+        return max(curve)[1] if curve else None
+
+    def initial_eval(self, key: str) -> float | None:
+        curves = [sorted(self.eval_curve(arm, seed, key)) for arm, seed in self.runs]
+        values = [curve[0][1] for curve in curves if curve and curve[0][0] == 0]
+        return statistics.fmean(values) if values else None
+
+    def threshold(self, key: str, given: Mapping[str, float]) -> float | None:
+        if key in given:
+            return given[key]
+        start = self.initial_eval(key)
+        finals = [
+            statistics.fmean(values)
+            for arm in self.arms
+            if (values := [v for s in self.seeds(arm) if (v := self.final_eval(arm, s, key)) is not None])
+        ]
+        if start is None or not finals:
+            return None
+        return start + 0.5 * max(max(finals) - start, 0.0)
+
+    def scalar(self, arm: str, field: str, skip_first: bool = True) -> list[float]:
+        """``field`` of every training step of the arm's runs (all seeds); the first step is warm-up."""
+        values = []
+        for seed in self.seeds(arm):
+            steps = [r for r in self.runs[(arm, seed)] if r["step"] > 0 and field in r]
+            values.extend(r[field] for r in steps[1 if skip_first and len(steps) > 1 else 0 :])
+        return values
+
+    def last_scalar(self, arm: str, field: str) -> Interval:
+        values = []
+        for seed in self.seeds(arm):
+            steps = [r for r in self.runs[(arm, seed)] if r["step"] > 0 and field in r]
+            if steps:
+                values.append(steps[-1][field])
+        return t_interval(values)
+
+
+def curve_band(comparison: Comparison, arm: str, key: str, train: bool = False) -> list[tuple[int, Interval]]:
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for seed in comparison.seeds(arm):
+        curve = comparison.train_curve(arm, seed, key) if train else comparison.eval_curve(arm, seed, key)
+        for step, value in curve:
+            by_step[step].append(value)
+    return [(step, t_interval(values)) for step, values in sorted(by_step.items())]
+
+
+def plot_reward(comparison: Comparison, key: str, path: Path, title: str) -> None:
+    """Evaluation curves with 95% bands (left) and training-batch means (right), one colour per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for index, arm in enumerate(comparison.arms):
+        colour = f"C{index}"
+        band = curve_band(comparison, arm, key)
+        if band:
+            steps = [s for s, _ in band]
+            left.plot(steps, [i.mean for _, i in band], "o-", color=colour, label=f"{arm} ({band[-1][1].n} seeds)")
+            lows = [i.low if not math.isnan(i.low) else i.mean for _, i in band]
+            highs = [i.high if not math.isnan(i.high) else i.mean for _, i in band]
+            left.fill_between(steps, lows, highs, color=colour, alpha=0.2)
+        train = curve_band(comparison, arm, key, train=True)
+        if train:
+            right.plot([s for s, _ in train], [i.mean for _, i in train], "--", color=colour, label=arm)
+    left.set_title(f"{key}: held-out evaluation (greedy), mean and 95% t band")
+    right.set_title(f"{key}: training batch mean (sampled)")
+    for axis in (left, right):
+        axis.set_xlabel("training step")
+        axis.grid(alpha=0.3)
+    left.set_ylabel(f"{key} (share of responses)")
+    left.legend(fontsize=8)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def reward_table(comparison: Comparison, key: str, thresholds: Mapping[str, float]) -> list[str]:
+    threshold = comparison.threshold(key, thresholds)
+    start = comparison.initial_eval(key)
+    title = f"**{key}**"
+    if start is not None:
+        title += f" — evaluation before training {start:.3f} (mean over runs)"
+    if threshold is not None:
+        title += f"; threshold {threshold:.3f}"
+    lines = [
+        title,
+        "",
+        "| arm | seeds | final eval, mean [95% t] | final − gdpo, paired by seed [95% t] "
+        "| steps to threshold, per seed | reached |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm in comparison.arms:
+        seeds = comparison.seeds(arm)
+        finals = {s: v for s in seeds if (v := comparison.final_eval(arm, s, key)) is not None}
+        final = t_interval(list(finals.values()))
+        if arm == "gdpo":
+            paired = "—"
+        else:
+            pairs = [finals[s] - base for s in finals if (base := comparison.final_eval("gdpo", s, key)) is not None]
+            paired = t_interval(pairs).text() if pairs else "n/a (no gdpo run with these seeds)"
+        reach = {
+            s: steps_to_threshold(comparison.eval_curve(arm, s, key), threshold) if threshold is not None else None
+            for s in seeds
+        }
+        per_seed = ", ".join(f"s{s}: {step if step is not None else '—'}" for s, step in reach.items())
+        reached = sum(step is not None for step in reach.values())
+        lines.append(f"| {arm} | {len(seeds)} | {final.text()} | {paired} | {per_seed} | {reached}/{len(seeds)} |")
+    return lines
+
+
+def timing_table(comparison: Comparison) -> list[str]:
+    lines = [
+        "| arm | step (s), median | step / gdpo | gen (s) | old log-prob (s) | adv + replay (s) | update (s) "
+        "| eval (s) | final KL(new‖old) | final entropy |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = comparison.scalar("gdpo", "step_time_s")
+    base_median = statistics.median(base) if base else None
+
+    def median(arm: str, field: str) -> str:
+        values = comparison.scalar(arm, field, skip_first=field != "eval_s")
+        return f"{statistics.median(values):.1f}" if values else "—"
+
+    for arm in comparison.arms:
+        steps = comparison.scalar(arm, "step_time_s")
+        step = statistics.median(steps) if steps else math.nan
+        ratio = f"{step / base_median:.2f}x" if base_median else "—"
+        lines.append(
+            f"| {arm} | {step:.1f} | {ratio} | {median(arm, 'gen_s')} | {median(arm, 'old_log_prob_s')} "
+            f"| {median(arm, 'adv_s')} | {median(arm, 'update_actor_s')} | {median(arm, 'eval_s')} "
+            f"| {comparison.last_scalar(arm, 'kl_old').text(4)} | {comparison.last_scalar(arm, 'entropy').text(3)} |"
+        )
+    return lines
+
+
+def relevance_table(comparison: Comparison) -> list[str]:
+    arms = [arm for arm in comparison.arms if comparison.scalar(arm, "replay_s", skip_first=False)]
+    if not arms:
+        return []
+    lines = [
+        "Relevance concentration of the MRTPO arms: each reward's share of relevance on its top 10% of "
+        "tokens (0.10 = uniform), mean over steps and seeds:",
+        "",
+        "| arm | " + " | ".join(comparison.keys) + " |",
+        "|---|" + "---|" * len(comparison.keys),
+    ]
+    for arm in arms:
+        cells = []
+        for key in comparison.keys:
+            values = [
+                r["relevance_top10"][key]
+                for seed in comparison.seeds(arm)
+                for r in comparison.runs[(arm, seed)]
+                if key in r.get("relevance_top10", {})
+            ]
+            cells.append(f"{statistics.fmean(values):.3f}" if values else "—")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_report(
+    comparison: Comparison,
+    path: Path,
+    header: Sequence[str],
+    thresholds: Mapping[str, float],
+    status: Sequence[str],
+) -> list[Path]:
+    """Write the markdown page at ``path`` and one PNG per reward next to it; returns the PNG paths."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plots = []
+    body = [*header, "", *status, ""]
+    if not comparison.runs:
+        body.append("No run has finished yet.")
+        path.write_text("\n".join(body) + "\n", encoding="utf-8")
+        return plots
+    for key in comparison.keys:
+        plot = path.with_name(f"{path.stem}_{key}.png")
+        plot_reward(comparison, key, plot, f"{path.stem}: {', '.join(comparison.arms)}")
+        plots.append(plot)
+        body += [*reward_table(comparison, key, thresholds), "", f"![{key}]({plot.name})", ""]
+    body += [
+        "Step time (median over steps after the first, all seeds; evaluation is timed apart), final KL between "
+        "the updated and the sampling policy (verl's `actor/ppo_kl`) and final entropy (mean [95% t] over seeds):",
+        "",
+        *timing_table(comparison),
+        "",
+        *relevance_table(comparison),
+    ]
+    path.write_text("\n".join(body) + "\n", encoding="utf-8")
+    return plots
