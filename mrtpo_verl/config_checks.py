@@ -18,7 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mrtpo_verl.cli_errors import ConfigMistake
 
-__all__ = ["check_value_types", "check_verl_config"]
+__all__ = ["check_estimator", "check_value_types", "check_verl_config"]
 
 #: Our own block: validated field by field by :class:`mrtpo_verl.config.MRTPOConfig`.
 OWN_BLOCKS = ("mrtpo",)
@@ -80,6 +80,28 @@ def check_value_types(config: DictConfig, defaults: DictConfig) -> None:
                 f"{path}: got {value!r} ({type(value).__name__}) (allowed: {allowed}, as verl's default "
                 f"{default_node._value()!r}); set {path}=<{allowed.split(' ')[-1]}>"
             )
+
+
+def check_estimator(config: DictConfig) -> None:
+    """``algorithm.adv_estimator`` must be one verl can run: ``gae`` or a name in verl's estimator registry.
+
+    verl looks the name up only when the first advantage is computed, inside a Ray worker.
+    """
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, AdvantageEstimator
+
+    import mrtpo_verl.estimator  # noqa: F401  (registers mrtpo, as the plugin does in every verl process)
+
+    name = str(OmegaConf.select(config, "algorithm.adv_estimator"))
+    known = sorted({AdvantageEstimator.GAE.value, *ADV_ESTIMATOR_REGISTRY})
+    if name not in known:
+        from mrtpo_verl.cli_errors import closest
+
+        guess = closest(name, known)
+        raise ConfigMistake(
+            f"algorithm.adv_estimator: {name!r} is not an estimator verl knows"
+            + (f" (did you mean {guess!r}?)" if guess else "")
+            + f"; allowed: {' | '.join(known)}"
+        )
 
 
 @contextlib.contextmanager

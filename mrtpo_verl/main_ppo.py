@@ -38,11 +38,12 @@ def dry_run(config: DictConfig) -> None:
 
 def check_config(config: DictConfig) -> None:
     """Every start-up check that needs neither Ray nor a model; the dry run adds the run's inputs."""
-    from mrtpo_verl.config_checks import check_value_types, check_verl_config
+    from mrtpo_verl.config_checks import check_estimator, check_value_types, check_verl_config
 
     dry = OmegaConf.select(config, "mrtpo.dry_run", default=False)
     if not isinstance(dry, bool):
         raise ConfigMistake(f"mrtpo.dry_run: got {dry!r} (allowed: true | false)")
+    check_estimator(config)
     validate_run_config(config)
     check_value_types(config, _defaults())
     check_verl_config(config)

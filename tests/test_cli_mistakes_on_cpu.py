@@ -159,6 +159,10 @@ MISTAKES: dict[str, tuple[tuple[str, ...], str]] = {
         ("mrtpo.on_incomplete_group=skip",),
         "mrtpo.on_incomplete_group: got 'skip' (allowed: normalise | error)",
     ),
+    "misspelt_estimator": (
+        ("algorithm.adv_estimator=mrtp",),
+        "algorithm.adv_estimator: 'mrtp' is not an estimator verl knows (did you mean 'mrtpo'?)",
+    ),
     "unknown_trainer_mode": (
         ("trainer.v1.trainer_mode=mrtpo_fast",),
         "trainer.v1.trainer_mode: 'mrtpo_fast' with adv_estimator=mrtpo (allowed: mrtpo_sync",
