@@ -1,217 +1,301 @@
-"""Rewards per second of each reward family, before and after issue 11's hardening, side by side in one run.
+"""Each reward family through verl's own reward loop: isolated against in-process, fairness under load, worst cases.
 
 Run from the repository root:
 
-    python -m benchmarks.reward_throughput            # full mixes, about a minute
-    python -m benchmarks.reward_throughput --quick    # a few items per mix: a smoke test, not a measurement
+    python -m benchmarks.reward_throughput            # every table, a few minutes
+    python -m benchmarks.reward_throughput --quick    # small batches: a smoke test, not a measurement
 
-*Before* is the family's bare ``compute_score`` (``__wrapped__``, without ``reward_fns.total``'s
-totality wrapper) and, for text-to-SQL, ``isolation="inprocess"`` (SQLite's own guards only, in the
-calling process). *After* is the ``compute_score`` verl calls: the totality wrapper and, for
-text-to-SQL, the sandbox worker pool (``isolation="process"``, the default) with the gold-result
-cache in the parent. Both run in this process, one call at a time, interleaved pass by pass
-(`benchmarks.machine.time_interleaved`, median of ``--repeats`` passes), so a shared machine's load
-hits both alike.
+Every batch is scored the way verl 0.9.1's reward loop scores it: one
+``NaiveRewardManager.run_single`` per sample (verl's ``naive`` reward manager of
+``verl.experimental.reward_loop``), all gathered at once with asyncio as
+``RewardLoopWorker.compute_score_batch`` does, so ``compute_score`` runs in the event loop's
+default thread pool (``min(32, os.cpu_count() + 4)`` threads) and each response is decoded from
+SmolLM2-135M-Instruct token ids by the manager. The reward function is
+``reward_fns.dispatch.compute_score`` with its ``reward_kwargs`` bound, as verl binds them.
 
-Mixes, all from data that ships with the installed packages:
+Tables:
 
-* text_to_sql / gold: the 643 gold queries of the bundled Spider dev subset as answers;
-* text_to_sql / hostile: cheap hostile answers (nesting past the caps, lone surrogate, DML behind a
-  CTE, load_extension, oversized blob, unterminated string, 70 kB answer), each refused in milliseconds;
-* text_to_sql / deadline-bound: ``printf('%.*c', 2147483647, 'x')`` with a 0.2 s deadline: the
-  worker is killed and replaced; in-process the same call runs 12-15 s, so *before* is not run;
-* tool_calling / gold: the gold calls of BFCL v4 simple_python and multiple (bfcl-eval wheel);
-  hostile: deeply nested JSON, a huge argument, a lone surrogate, an unclosed block;
-* instruction_following / prompt-echo: IFEval's prompts (no reference responses ship) echoed back
-  as the responses; hostile: the same odd strings as above.
-
-A *before* call that raises is counted (``raised``) and timed like the others.
+1. *Gold throughput*: rewards/s on gold answers (text-to-SQL: the Spider dev subset's gold queries;
+   tool calling: BFCL v4 simple_python + multiple gold calls; instruction following: IFEval's prompts
+   echoed, since no reference responses ship), *isolated* (each family's worker pool under its
+   deadline, the default) against *in-process* (``isolation="inprocess"``: the same wrapper and
+   checks in the calling threads, no deadline), interleaved pass by pass (median of ``--repeats``).
+2. *Fairness*: per family a batch of 8 deadline-bound answers placed first, then 56 gold answers.
+   Its wall time is set against the ideal bound ``ceil(8 / W) * deadline + T(56 alone)``, where
+   W = min(workers, the executor's threads). It also counts the gold answers whose scores differ
+   from their scores when run alone (must be 0) and the slow ones marked as timeouts (must be 8).
+   Deadline-bound answers: text-to-SQL ``printf('%.*c', 2147483647, 'x')`` (one SQLite
+   instruction: the worker is killed), instruction following a 64 KiB answer of short sentences on
+   ``words:words_position`` (NLTK tokenising for seconds: the worker's timer stops it), tool calling
+   a 100 KiB Python call list (0.2 s, so this batch uses a 0.1 s deadline).
+3. *Worst case per instruction id at the cap*: every supported instruction id of the packaged
+   IFEval/IFBench data, on adversarial answers of ``reward_fns.total.MAX_RESPONSE_CHARS`` (256 Ki
+   characters), one call at a time through the pool with the default 5 s deadline.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import json
+import math
+import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.machine import Row, machine_description, time_interleaved
-from reward_fns import instruction_following, text_to_sql, tool_calling
-from reward_fns.instruction_following.data import load_benchmark
-from reward_fns.text_to_sql import BUNDLED_DB_ROOT
-from reward_fns.text_to_sql.verifier import clear_gold_cache
-from reward_fns.tool_calling.bfcl_data import load_bfcl_category
-from reward_fns.tool_calling.reference import gold_calls, parse_ground_truth
-from reward_fns.tool_calling.render import render_tool_call_blocks
+import numpy as np
+import torch
 
-PRINTF_BOMB_S = 0.2
-_ODD_STRINGS = [
-    "[" * 5_000 + "]" * 5_000,
-    '<tool_call>\n{"name": "f", "arguments": ' + '{"a": ' * 2_000 + "1" + "}" * 2_000 + "}\n</tool_call>",
-    '<tool_call>\n{"name": "f", "arguments": {"a": "' + "x" * 100_000 + '"}}\n</tool_call>',
-    "caf\ud800e",
-    "<tool_call>\n{",
-    "",
-]
+from benchmarks.machine import Row, machine_description, time_interleaved
+from reward_fns import dispatch
+from reward_fns.ground_truths import validate_row
+from reward_fns.instruction_following.checkers import UNSUPPORTED, UnsupportedConstraintError
+from reward_fns.instruction_following.data import BENCHMARK_FILES, load_benchmark, parse_ground_truth
+from reward_fns.process_pool.deadline import DEFAULT_TIMEOUT_S
+from reward_fns.process_pool.pool import DEFAULT_WORKERS, close_shared_pool
+from reward_fns.text_to_sql import BUNDLED_DB_ROOT
+from reward_fns.tool_calling.bfcl_data import load_bfcl_category
+from reward_fns.tool_calling.reference import gold_calls
+from reward_fns.tool_calling.reference import parse_ground_truth as parse_tool_reference
+from reward_fns.tool_calling.render import render_tool_call_blocks
+from reward_fns.total import MAX_RESPONSE_CHARS, GroundTruthError
+
+FAMILIES = ("text_to_sql", "tool_calling", "instruction_following")
+SLOW_ANSWERS, ORDINARY_ANSWERS = 8, 56
+FAIRNESS_DEADLINE_S = {"text_to_sql": 1.0, "tool_calling": 0.1, "instruction_following": 1.0}
+CAP_UNITS = ("Hi. ", "word ", "word\n\n", "*** ", "{[(", "x" * 1_000 + " ", "<<a>> ", "P.S. a, b.\n")
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One reward call: compute_score's positional arguments."""
+    """One reward call: what verl's reward loop hands to compute_score."""
 
     data_source: str
     response: str
     ground_truth: Any
 
 
-def _fenced(sql: str) -> str:
-    return f"```sql\n{sql}\n```"
+@functools.cache
+def tokenizer() -> Any:
+    """SmolLM2-135M-Instruct's tokenizer, from the embedded GGUF file (no download)."""
+    from transformers import AutoTokenizer
+
+    from mrtpo_verl.replay.model_loading import EMBEDDED_GGUF_FILE, embedded_model_dir
+
+    return AutoTokenizer.from_pretrained(str(embedded_model_dir()), gguf_file=EMBEDDED_GGUF_FILE, local_files_only=True)
 
 
 def sql_gold(limit: int | None) -> list[Sample]:
     lines = (BUNDLED_DB_ROOT / "dev_subset.jsonl").read_text(encoding="utf-8").splitlines()[:limit]
     examples = [json.loads(line) for line in lines]
-    return [Sample("spider", _fenced(e["query"]), {"sql": e["query"], "db_id": e["db_id"]}) for e in examples]
-
-
-def sql_hostile(limit: int | None) -> list[Sample]:
-    ground_truth = {"sql": "SELECT count(*) FROM city", "db_id": "world_1"}
-    responses = [
-        _fenced("SELECT " + "(" * 46 + "1" + ")" * 46),
-        _fenced("SELECT " + "coalesce(" * 50 + "1" + ")" * 50),
-        _fenced("SELECT 'a\ud800b'"),
-        _fenced("WITH x AS (SELECT 1) DELETE FROM city"),
-        _fenced("SELECT load_extension('/nonexistent/evil.so')"),
-        _fenced("SELECT zeroblob(2000000)"),
-        "```sql\nSELECT 'unterminated\n```",
-        "x" * 70_000,
-    ]
-    return [Sample("spider", response, ground_truth) for response in responses * 8][:limit]
-
-
-def sql_deadline_bound(limit: int | None) -> list[Sample]:
-    ground_truth = {"sql": "SELECT count(*) FROM city", "db_id": "world_1"}
-    return [Sample("spider", _fenced("SELECT printf('%.*c', 2147483647, 'x') IS NULL"), ground_truth)] * (limit or 3)
+    return [Sample("spider", f"```sql\n{e['query']}\n```", {"sql": e["query"], "db_id": e["db_id"]}) for e in examples]
 
 
 def tool_gold(limit: int | None) -> list[Sample]:
     items = [*load_bfcl_category("simple_python"), *load_bfcl_category("multiple")][:limit]
-    return [
-        Sample(
-            "bfcl", render_tool_call_blocks(gold_calls(parse_ground_truth(item.ground_truth()))), item.ground_truth()
-        )
-        for item in items
-    ]
+    samples = []
+    for item in items:
+        truth = item.ground_truth()
+        samples.append(Sample("bfcl", render_tool_call_blocks(gold_calls(parse_tool_reference(truth))), truth))
+    return samples
 
 
-def tool_hostile(limit: int | None) -> list[Sample]:
-    ground_truth = load_bfcl_category("simple_python")[0].ground_truth()
-    return [Sample("bfcl", response, ground_truth) for response in _ODD_STRINGS * 8][:limit]
+def if_gold(limit: int | None) -> list[Sample]:
+    samples = []
+    for record in load_benchmark("ifeval"):
+        try:  # a few rows hold arguments the checkers would draw at random: the reward refuses them
+            validate_row("ifeval", record, {"index": len(samples)})
+        except GroundTruthError:
+            continue
+        samples.append(Sample("ifeval", record["prompt"], record))
+    return samples[:limit]
 
 
-def if_prompts(limit: int | None) -> list[Sample]:
-    records = list(load_benchmark("ifeval"))[:limit]
-    return [Sample("ifeval", record["prompt"], record) for record in records]
+GOLD: dict[str, Callable[[int | None], list[Sample]]] = {
+    "text_to_sql": sql_gold,
+    "tool_calling": tool_gold,
+    "instruction_following": if_gold,
+}
 
 
-def if_hostile(limit: int | None) -> list[Sample]:
-    record = next(iter(load_benchmark("ifeval")))
-    return [Sample("ifeval", response, record) for response in _ODD_STRINGS * 8][:limit]
-
-
-def bare(compute_score: Callable[..., Any]) -> Callable[..., Any]:
-    """The family's compute_score without the totality wrapper (functools.wraps keeps it as __wrapped__)."""
-    return getattr(compute_score, "__wrapped__", compute_score)
-
-
-@dataclass
-class Pass:
-    """One pass over a mix with one scorer; counts the calls that raised."""
-
-    samples: list[Sample]
-    scorer: Callable[[Sample], Any]
-    raised: int = 0
-
-    def __call__(self) -> None:
-        for sample in self.samples:
-            try:
-                self.scorer(sample)
-            except Exception:
-                self.raised += 1
-
-
-def scorers(family: str) -> tuple[Callable[[Sample], Any], Callable[[Sample], Any]]:
-    """(before, after) for a family; see the module docstring."""
+def deadline_bound(family: str, count: int) -> list[Sample]:
+    """Answers that run past the family's fairness deadline (see the module docstring)."""
     if family == "text_to_sql":
-        raw = bare(text_to_sql.compute_score)
-        return (
-            lambda s: raw(s.data_source, s.response, s.ground_truth, isolation="inprocess"),
-            lambda s: text_to_sql.compute_score(s.data_source, s.response, s.ground_truth, isolation="process"),
-        )
-    module = {"tool_calling": tool_calling, "instruction_following": instruction_following}[family]
-    raw = bare(module.compute_score)
-    return (
-        lambda s: raw(s.data_source, s.response, s.ground_truth),
-        lambda s: module.compute_score(s.data_source, s.response, s.ground_truth),
-    )
+        truth = {"sql": "SELECT count(*) FROM city", "db_id": "world_1"}
+        return [Sample("spider", "```sql\nSELECT printf('%.*c', 2147483647, 'x') IS NULL\n```", truth)] * count
+    if family == "instruction_following":
+        truth = instruction_records()["words:words_position"]
+        return [Sample("ifeval", "Hi. " * (64 * 1024 // 4), truth)] * count
+    item = load_bfcl_category("simple_python")[0]
+    name = item.functions[0]["name"]
+    calls = "[" + ",".join(f"{name}(a={i})" for i in range(100 * 1024 // 24)) + "]"
+    return [Sample("bfcl", calls, item.ground_truth())] * count
 
 
-def measure(limit: int | None, repeats: int) -> list[Row]:
-    mixes: list[tuple[str, str, list[Sample]]] = [
-        ("text_to_sql", "gold (Spider dev)", sql_gold(limit)),
-        ("text_to_sql", "hostile", sql_hostile(limit)),
-        ("tool_calling", "gold (BFCL simple+multiple)", tool_gold(limit)),
-        ("tool_calling", "hostile", tool_hostile(limit)),
-        ("instruction_following", "prompt echo (IFEval)", if_prompts(limit)),
-        ("instruction_following", "hostile", if_hostile(limit)),
-    ]
-    passes: dict[str, Pass] = {}
-    for family, mix, samples in mixes:
-        before, after = scorers(family)
-        passes[f"{family}|{mix}|before"] = Pass(samples, before)
-        passes[f"{family}|{mix}|after"] = Pass(samples, after)
-    clear_gold_cache()
-    seconds = time_interleaved(dict(passes), repeats)  # the warm-up pass fills the gold cache for both
+class VerlRewardLoop:
+    """verl's naive reward-loop manager around ``dispatch.compute_score`` with ``reward_kwargs`` bound."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, **reward_kwargs: Any) -> None:
+        from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+
+        asyncio.set_event_loop(loop)  # the manager takes the current loop, as in verl's reward-loop worker
+        self.loop = loop
+        scorer = functools.partial(dispatch.compute_score, **reward_kwargs)
+        self.manager = NaiveRewardManager(config=None, tokenizer=tokenizer(), compute_score=scorer)
+
+    def score(self, batch: Sequence[Any]) -> list[dict[str, Any]]:
+        """Scores prepared items all at once, as ``RewardLoopWorker.compute_score_batch`` does."""
+
+        async def run_all() -> list[dict[str, Any]]:
+            return list(await asyncio.gather(*(self.manager.run_single(item) for item in batch)))
+
+        return self.loop.run_until_complete(run_all())
+
+
+def prepared(samples: Sequence[Sample]) -> list[Any]:
+    """One single-row DataProto per sample: token ids of the response and the row's columns."""
+    from verl import DataProto
+
+    items = []
+    for sample in samples:
+        ids = tokenizer()(sample.response, add_special_tokens=False)["input_ids"]
+        tensors = {
+            "responses": torch.tensor([ids], dtype=torch.long),
+            "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+        }
+        columns = {
+            "data_source": np.array([sample.data_source], dtype=object),
+            "reward_model": np.array([{"ground_truth": sample.ground_truth}], dtype=object),
+            "extra_info": np.array([{"index": len(items)}], dtype=object),
+        }
+        items.append(DataProto.from_dict(tensors=tensors, non_tensors=columns))
+    return items
+
+
+def fresh_items(items: Sequence[Any]) -> list[Any]:
+    """Copies whose extra_info the manager may change again (it adds num_turns)."""
+    return [item[0:1] for item in items]
+
+
+def gold_rows(loop: asyncio.AbstractEventLoop, limit: int | None, repeats: int) -> list[Row]:
+    isolated, in_process = VerlRewardLoop(loop), VerlRewardLoop(loop, isolation="inprocess")
+    batches = {family: prepared(GOLD[family](limit)) for family in FAMILIES}
+    passes: dict[str, Callable[[], object]] = {}
+    for family, items in batches.items():
+        passes[f"{family}|isolated"] = lambda items=items: isolated.score(fresh_items(items))
+        passes[f"{family}|inprocess"] = lambda items=items: in_process.score(fresh_items(items))
+    for family in FAMILIES:  # every worker of each pool started and ready, gold caches filled
+        for _ in range(2):
+            passes[f"{family}|isolated"]()
+    seconds = time_interleaved(passes, repeats)
     rows = []
-    for family, mix, samples in mixes:
-        before, after = (seconds[f"{family}|{mix}|{side}"] for side in ("before", "after"))
-        raised = passes[f"{family}|{mix}|before"].raised
+    for family, items in batches.items():
+        ours, baseline = seconds[f"{family}|isolated"], seconds[f"{family}|inprocess"]
         rows.append(
             Row(
                 f"{family} rewards/s",
-                f"{mix}, {len(samples)} answers",
-                f"{len(samples) / after:,.0f}/s",
-                f"{len(samples) / before:,.0f}/s" + (f" ({raised} raised)" if raised else ""),
-                "bare compute_score" + (", in-process SQL" if family == "text_to_sql" else ""),
-                f"{before / after:.2f}",
+                f"gold, {len(items)} answers, verl reward loop",
+                f"{len(items) / ours:,.0f}/s",
+                f"{len(items) / baseline:,.0f}/s",
+                "in-process (no deadline)",
+                f"{baseline / ours:.2f}",
             )
         )
-    rows.append(deadline_bound_row(limit))
     return rows
 
 
-def deadline_bound_row(limit: int | None) -> Row:
-    """The cost of answers that only the parent's deadline stops (each kills and replaces a worker)."""
-    samples = sql_deadline_bound(3 if limit is None else min(limit, 3))
-    started = time.perf_counter()
-    for sample in samples:
-        text_to_sql.compute_score(sample.data_source, sample.response, sample.ground_truth, timeout_s=PRINTF_BOMB_S)
-    timed = time.perf_counter() - started
-    return Row(
-        "text_to_sql rewards/s",
-        f"deadline-bound printf bomb, timeout_s={PRINTF_BOMB_S:g}, {len(samples)} answers",
-        f"{len(samples) / timed:.2f}/s ({timed / len(samples):.2f} s each)",
-        "not run",
-        "in-process: 12-15 s each",
-        "n/a",
-    )
+def scores_of(results: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [tuple(sorted((k, v) for k, v in r["reward_extra_info"].items() if isinstance(v, float))) for r in results]
+
+
+def fairness_rows(loop: asyncio.AbstractEventLoop, slow_count: int, ordinary_count: int) -> list[Row]:
+    threads = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor, where verl runs compute_score
+    workers = min(DEFAULT_WORKERS, threads)
+    rows = []
+    for family in FAMILIES:
+        deadline = FAIRNESS_DEADLINE_S[family]
+        reward_loop = VerlRewardLoop(loop, timeout_s=deadline)
+        ordinary = prepared(GOLD[family](ordinary_count))
+        slow = prepared(deadline_bound(family, slow_count))
+        reward_loop.score(fresh_items(slow) + fresh_items(ordinary))  # warm: workers started, caches filled
+        started = time.perf_counter()
+        alone = reward_loop.score(fresh_items(ordinary))
+        alone_s = time.perf_counter() - started
+        started = time.perf_counter()
+        mixed = reward_loop.score(fresh_items(slow) + fresh_items(ordinary))
+        mixed_s = time.perf_counter() - started
+        bound = math.ceil(len(slow) / workers) * deadline + alone_s
+        changed = sum(a != b for a, b in zip(scores_of(alone), scores_of(mixed[len(slow) :]), strict=True))
+        timeout_key = f"reward/{family}/timeouts"
+        timed_out = sum(r["reward_extra_info"][timeout_key] == 1.0 for r in mixed[: len(slow)])
+        rows.append(
+            Row(
+                f"{family} fairness",
+                f"{len(slow)} deadline-bound first + {len(ordinary)} gold, deadline {deadline:g} s, W={workers}",
+                f"{mixed_s:.2f} s; {timed_out}/{len(slow)} timeouts, {changed} gold scores changed",
+                f"{bound:.2f} s",
+                f"ceil({len(slow)}/{workers})*{deadline:g} s + {alone_s:.2f} s (gold alone)",
+                f"{mixed_s / bound:.2f}",
+            )
+        )
+    return rows
+
+
+def instruction_records() -> dict[str, dict[str, Any]]:
+    """One single-constraint ground truth per supported instruction id of the packaged prompt files."""
+    records: dict[str, dict[str, Any]] = {}
+    for benchmark in BENCHMARK_FILES:
+        for record in load_benchmark(benchmark):
+            parsed = parse_ground_truth(record)
+            for constraint in parsed.constraints:
+                if constraint.instruction_id in UNSUPPORTED or constraint.instruction_id in records:
+                    continue
+                records[constraint.instruction_id] = {
+                    "instruction_id_list": [constraint.instruction_id],
+                    "kwargs": [dict(constraint.kwargs)],
+                    "prompt": parsed.prompt,
+                }
+    return records
+
+
+def cap_rows(limit: int | None, size: int) -> list[Row]:
+    """Worst time per instruction id over `CAP_UNITS` grown to `size` characters, one call at a time."""
+    worst: list[tuple[float, str, str, bool]] = []
+    for instruction_id, record in list(instruction_records().items())[:limit]:
+        slowest = (0.0, "", False)
+        for unit in CAP_UNITS:
+            response = (unit * (size // len(unit) + 1))[:size]
+            started = time.perf_counter()
+            try:
+                result = dispatch.compute_score("ifeval", response, record, {})
+            except UnsupportedConstraintError:
+                break  # arguments the checker would draw at random: refused for every response
+            seconds = time.perf_counter() - started
+            if seconds > slowest[0]:
+                slowest = (seconds, unit, result["reward/instruction_following/timeouts"] == 1.0)
+        else:
+            worst.append((slowest[0], instruction_id, slowest[1], slowest[2]))
+    worst.sort(reverse=True)
+    rows = [
+        Row(
+            "instruction_following worst case",
+            f"{instruction_id}, {size:,} chars of {unit[:12]!r}",
+            f"{seconds:.2f} s" + (" (deadline: scored 0, counted)" if timed_out else ""),
+            f"{DEFAULT_TIMEOUT_S:g} s",
+            "deadline + 0.5 s",
+            f"{seconds / (DEFAULT_TIMEOUT_S + 0.5):.2f}",
+        )
+        for seconds, instruction_id, unit, timed_out in worst
+    ]
+    return rows
 
 
 def table_lines(rows: list[Row]) -> list[str]:
-    header = Row("measurement", "mix", "after (hardened)", "before", "before is", "after / before")
+    header = Row("measurement", "mix", "ours", "baseline", "baseline is", "baseline / ours or ours / bound")
     fields = list(Row.__dataclass_fields__)
     widths = [max(len(getattr(row, field)) for row in [header, *rows]) for field in fields]
 
@@ -223,16 +307,33 @@ def table_lines(rows: list[Row]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a few answers per mix: a smoke test, not a measurement")
-    parser.add_argument("--repeats", type=int, default=5, help="timed passes per mix and side (median reported)")
+    parser.add_argument("--quick", action="store_true", help="small batches: a smoke test, not a measurement")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes per family and side (median reported)")
+    parser.add_argument("--gold-limit", type=int, default=256, help="gold answers per family in table 1")
     args = parser.parse_args(argv)
-    limit, repeats = (8, 1) if args.quick else (None, args.repeats)
+    quick = args.quick
+    limit, repeats = (8, 1) if quick else (args.gold_limit, args.repeats)
     shown_argv = sys.argv[1:] if argv is None else argv
-    for text in machine_description("benchmarks.reward_throughput", shown_argv, "one reward call at a time; "):
+    threads = min(32, (os.cpu_count() or 1) + 4)
+    extra = f"verl reward loop ({threads} executor threads); {DEFAULT_WORKERS} workers per family pool; "
+    for text in machine_description("benchmarks.reward_throughput", shown_argv, extra):
         print(text)
-    print()
-    for text in table_lines(measure(limit, repeats)):
-        print(text, flush=True)
+    loop = asyncio.new_event_loop()
+    try:
+        print("\nGold throughput, isolated vs in-process:")
+        for text in table_lines(gold_rows(loop, limit, repeats)):
+            print(text, flush=True)
+        print("\nFairness under load (ours: the mixed batch's wall time; baseline: its ideal bound):")
+        slow, ordinary = (2, 6) if quick else (SLOW_ANSWERS, ORDINARY_ANSWERS)
+        for text in table_lines(fairness_rows(loop, slow, ordinary)):
+            print(text, flush=True)
+        print("\nWorst case per instruction id at the cap (one call at a time, default deadline):")
+        cap_limit, cap_size = (3, 16 * 1024) if quick else (None, MAX_RESPONSE_CHARS)
+        for text in table_lines(cap_rows(cap_limit, cap_size)):
+            print(text, flush=True)
+    finally:
+        loop.close()
+        close_shared_pool()
 
 
 if __name__ == "__main__":

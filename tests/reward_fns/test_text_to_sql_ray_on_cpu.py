@@ -56,11 +56,11 @@ def test_threaded_ray_actor_scores_hostile_batches_and_its_workers_go_with_it() 
         names = ["gold", "printf-bomb", "nested", "gold", "lone-surrogate", "printf-bomb", "gold", "gold"]
         started = time.monotonic()
         results, pids = ray.get(actor.score.remote(names), timeout=120)
-        # Two deadline-bound answers on two workers (the default pool), four threads: about 1.2 s each.
+        # Two deadline-bound answers, four threads each with a worker of its own: about 1.2 s in all.
         assert time.monotonic() - started < 30
         assert [result["score"] for result in results] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0]
         assert "was killed" in str(results[1]["sql_executability_info"])
-        assert len(pids) == 2
+        assert 2 <= len(pids) <= 4 + 1  # workers start on demand: at most one per thread, and a spare
         ray.kill(actor)  # no atexit, no close(): the workers must notice on their own
     finally:
         if started_ray:
