@@ -10,125 +10,50 @@ sharded model in place. Checked against the in-process scorer on the same weight
 - both a tied LM head (SmolLM2, in FSDP's root group) and an untied one (sharded on its own);
 - prefix sharing on the colocated side (each shared prefix's cache built by a call of the wrapped root module,
   one more collective pass that every rank counts) against the unshared in-process path;
-- verl's engine options (README "Engine options"): fused kernels (verl's fused log-prob forward installed on the
-  model), remove-padding, gradient checkpointing, parameter and optimizer offload and torch.compile together give
-  the plain relevance; LoRA scores with the adapted weights; bf16 mixed precision gives the fp32 relevance up to
-  bf16 rounding;
 - a rank that fails between forward passes (after the ranks agreed on their number) stops every rank at the next
   collective with its own message, for ``on_worker_failure=error`` and ``uniform``.
 
-The failing rank is made by a test-only hook (:class:`FaultyActorWorker`, defined here, not in the package): it
-puts NaN into one rank's hidden states, and the scorer's own NaN check then raises on that rank.
+The failing rank is made by a test-only hook (``FaultyActorWorker`` in tests/support/actor_groups.py, not in the
+package): it puts NaN into one rank's hidden states, and the scorer's own NaN check then raises on that rank.
+verl's engine options are checked in test_colocated_engine_options_on_cpu.py.
 
-The only stand-in: Ray's placement groups ask for GPUs, so the cluster declares logical GPUs (two per worker
-group, room for two groups); every tensor lives on the CPU.
+The only stand-in: Ray's placement groups ask for GPUs, so the cluster declares two logical GPUs; every tensor
+lives on the CPU.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
-import ray
 import torch
-from ray import cloudpickle
-from verl.single_controller.base.decorator import Dispatch, register
 
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
-from mrtpo_verl.cpu_support.distributed import SETUP_HOOK
-from mrtpo_verl.cpu_support.launch import CPU_ENV, compose_actor_config, save_derived_model
+from mrtpo_verl.cpu_support.launch import save_derived_model
 from mrtpo_verl.estimator import RELEVANCE_KEY
 from mrtpo_verl.replay.model_runners import PeerFailed
 from mrtpo_verl.trainer.replay_stage import ReplayStage, ReplayWorkerFailed, build_request
-from mrtpo_verl.workers.actor_worker import MRTPOActorRolloutRefWorker
 from mrtpo_verl.workers.placement import ColocatedBackend, InProcessBackend
 from mrtpo_verl.workers.replay_worker import RANK_TIME_KEY
+from tests.support.actor_groups import (
+    CFG,
+    RANKS,
+    UNSHARED,
+    relevance_of,
+    started_actor_group,
+)
+from tests.support.actor_groups import cpu_ray_cluster as cpu_ray_cluster_for
 from tests.support.ray_groups import release
 from tests.support.real_batch import INFO_KEYS, REWARD_KEYS, real_sql_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # a collective out of step would hang: fail instead
 
-RANKS = 2
-# The colocated replay shares prefixes (the default, min_shared_tokens=1: the deepest tree, most collective calls);
-# the in-process reference does not, so the check covers sharing on verl's FSDP2 engine against the plain path.
-CFG = MRTPOConfig(
-    reward_keys=REWARD_KEYS,
-    verifier_info_keys=INFO_KEYS,
-    replay=ReplayConfig(micro_batch_size=2, share_prefix=True, min_shared_tokens=1),
-)
-UNSHARED = MRTPOConfig(
-    reward_keys=REWARD_KEYS, verifier_info_keys=INFO_KEYS, replay=ReplayConfig(micro_batch_size=2, share_prefix=False)
-)
-
 
 @pytest.fixture(scope="module")
 def cpu_ray_cluster():
-    ray.init(
-        num_cpus=4,
-        num_gpus=2 * RANKS,  # logical: verl's resource pools place one worker per "GPU"; room for two groups
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": dict(CPU_ENV), "worker_process_setup_hook": SETUP_HOOK},
-    )
-    try:
+    with cpu_ray_cluster_for(RANKS):
         yield
-    finally:
-        ray.shutdown()
-
-
-class FaultyActorWorker(MRTPOActorRolloutRefWorker):
-    """Test-only: the actor worker with a hook that breaks one rank's replay (no such hook in the package).
-
-    :meth:`poison_replay_pass` makes forward pass number ``at_pass`` (1-based, this request) of rank ``rank``
-    return NaN hidden states, once; the scorer's NaN check on the LM-head logits then raises on that rank
-    after the ranks agreed on their number of passes, with the other rank about to enter its next pass.
-    """
-
-    _poison: tuple[int, int] | None = None
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def poison_replay_pass(self, rank: int, at_pass: int) -> None:
-        self._poison = (rank, at_pass)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def engine_facts(self) -> dict[str, str]:
-        """What verl's engine built: the root module's forward, LoRA or not, the autocast dtype, offload."""
-        engine = self.actor.engine
-        peft = hasattr(engine.module, "peft_config")
-        inner = engine.module.base_model.model if peft else engine.module  # peft: PeftModel → LoraModel → causal LM
-        return {
-            "forward": f"{type(inner).forward.__module__}.{type(inner).forward.__name__}",
-            "peft": str(peft),
-            "autocast": str(getattr(engine, "_autocast_dtype", None)),
-            "param_offload": str(engine.is_param_offload_enabled),
-        }
-
-    def _colocated_replay(self, mrtpo_block: dict[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:
-        builder, scorer, info_keys = super()._colocated_replay(mrtpo_block)
-        if self._poison is not None and self._poison[0] == self.rank:
-            runner, at_pass, passes = scorer.runner, self._poison[1], [0]
-            self._poison = None
-            clean = type(runner).hidden_states.__get__(runner)
-
-            def poisoned(*args: Any, **kwargs: Any) -> torch.Tensor:
-                hidden = clean(*args, **kwargs)
-                passes[0] += 1
-                if passes[0] == at_pass:
-                    runner.hidden_states = clean  # once
-                    return torch.full_like(hidden, float("nan"))
-                return hidden
-
-            runner.hidden_states = poisoned
-        return builder, scorer, info_keys
-
-
-# Ray ships the class by value: its workers do not import this test module.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def untie_lm_head(model_dir: Path) -> Path:
@@ -148,23 +73,6 @@ def untie_lm_head(model_dir: Path) -> Path:
 def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tied = save_derived_model(tmp_path_factory.mktemp("colocated") / "model", num_layers=2)
     return tied if request.param == "tied" else untie_lm_head(tied)
-
-
-@contextmanager
-def started_actor_group(model_dir: Path, options: tuple[str, ...] = (), name: str = "colocated_test") -> Iterator[Any]:
-    """Two ranks of verl's actor worker (FSDP2 on gloo) with the given engine options; released after."""
-    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-
-    pool = RayResourcePool(process_on_nodes=[RANKS], use_gpu=True, max_colocate_count=1, name_prefix=name)
-    worker = RayClassWithInitArgs(
-        cls=ray.remote(FaultyActorWorker), config=compose_actor_config(model_dir, RANKS, options), role="actor"
-    )
-    group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=worker, device_name="cpu")
-    try:
-        group.init_model()
-        yield group
-    finally:
-        release(group)  # frees the logical GPUs for the next group
 
 
 @pytest.fixture(scope="module")
@@ -224,107 +132,6 @@ def test_a_rank_that_fails_before_its_passes_does_not_leave_the_other_waiting(ac
         build_request(data, CFG, torch.ones(len(data), len(REWARD_KEYS), dtype=torch.bool))
     )
     assert float(answer.batch["mrtpo_forward_passes"].sum()) == len(data) * (1 + len(REWARD_KEYS))
-
-
-def relevance_of(group: Any, data: Any, cfg: MRTPOConfig = CFG) -> torch.Tensor:
-    needed = torch.ones(len(data), len(REWARD_KEYS), dtype=torch.bool)
-    return ColocatedBackend(group, cfg).compute_relevance(build_request(data, cfg, needed)).batch[RELEVANCE_KEY]
-
-
-def in_process_relevance(model: Any, tokenizer: Any, data: Any) -> torch.Tensor:
-    needed = torch.ones(len(data), len(REWARD_KEYS), dtype=torch.bool)
-    backend = InProcessBackend(UNSHARED, model, tokenizer)
-    return backend.compute_relevance(build_request(data, UNSHARED, needed)).batch[RELEVANCE_KEY]
-
-
-@pytest.fixture(scope="module")
-def tied_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
-    """The two-layer model, and its fp32 in-process relevance on the real batch (what every option must give)."""
-    from mrtpo_verl.replay.model_loading import load_causal_lm
-
-    path = save_derived_model(tmp_path_factory.mktemp("options") / "model", num_layers=2)
-    model, tokenizer = load_causal_lm(str(path), dtype=torch.float32)
-    return path, in_process_relevance(model, tokenizer, real_sql_batch())
-
-
-MODEL, ACTOR, FSDP = "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.actor.fsdp_config"
-#: Options that leave the replay's arithmetic unchanged, all in one engine (one worker group to start).
-SAME_ARITHMETIC = (
-    f"{MODEL}.use_fused_kernels=true",
-    f"{ACTOR}.use_fused_kernels=true",
-    f"{MODEL}.fused_kernel_options.impl_backend=torch",  # the Triton backend needs a GPU (benchmarks.gpu_check)
-    f"{MODEL}.use_remove_padding=true",
-    f"{ACTOR}.use_remove_padding=true",
-    f"{MODEL}.enable_gradient_checkpointing=true",
-    f"{FSDP}.param_offload=true",
-    f"{FSDP}.optimizer_offload=true",
-    f"{ACTOR}.use_torch_compile=true",
-    f"{FSDP}.use_torch_compile=true",
-)
-
-
-def test_engine_options_that_keep_the_arithmetic_give_the_plain_relevance(cpu_ray_cluster, tied_model) -> None:
-    path, expected = tied_model
-    with started_actor_group(path, SAME_ARITHMETIC, name="options_test") as group:
-        facts = group.engine_facts()[0]
-        # The options took effect: verl's fused log-prob forward is the model's forward, parameters are offloaded.
-        assert facts["forward"] == "verl.models.transformers.dense_common.forward_with_torch_backend", facts
-        assert facts["param_offload"] == "True", facts
-        relevance = relevance_of(group, real_sql_batch())
-    torch.testing.assert_close(relevance, expected, atol=1e-5, rtol=0)
-
-
-def random_lora_adapter(model_dir: Path) -> Path:
-    """A LoRA adapter (rank 8, every linear layer) with non-zero random weights, saved for verl to load."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=targets, init_lora_weights=False, task_type="CAUSAL_LM")
-    out = model_dir.parent / "lora_adapter"
-    get_peft_model(model, config).save_pretrained(out)
-    return out
-
-
-def test_lora_replays_with_the_adapted_weights(cpu_ray_cluster, tied_model) -> None:
-    from peft import PeftModel
-
-    from mrtpo_verl.replay.model_loading import load_causal_lm
-
-    path, base_relevance = tied_model
-    adapter = random_lora_adapter(path)
-    model, tokenizer = load_causal_lm(str(path), dtype=torch.float32)
-    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    expected = in_process_relevance(merged, tokenizer, real_sql_batch())
-    assert (expected - base_relevance).abs().max() > 1e-2, "the adapter changes the relevance (else no check)"
-    options = (f"{MODEL}.lora_rank=8", f"{MODEL}.lora_alpha=16", f"+{MODEL}.lora_adapter_path={adapter}")
-    with started_actor_group(path, options, name="lora_test") as group:
-        assert group.engine_facts()[0]["peft"] == "True"
-        relevance = relevance_of(group, real_sql_batch())
-    torch.testing.assert_close(relevance, expected, atol=1e-5, rtol=0)
-
-
-def test_bf16_mixed_precision_gives_the_fp32_relevance_up_to_bf16_rounding(cpu_ray_cluster, tied_model) -> None:
-    """bf16 moves q by its own rounding (a JS *distance* grows like the logits' error, ~0.03 here, about twice the
-    batch's mean q); the colocated bf16 replay must stay within twice what bf16 does to the in-process scorer."""
-    from mrtpo_verl.replay.model_loading import load_causal_lm
-
-    path, fp32 = tied_model
-    options = (f"{FSDP}.model_dtype=bf16", f"+{FSDP}.mixed_precision.param_dtype=bf16")
-    with started_actor_group(path, options, name="bf16_test") as group:
-        assert group.engine_facts()[0]["autocast"] == "torch.bfloat16"
-        relevance = relevance_of(group, real_sql_batch())
-    model, tokenizer = load_causal_lm(str(path), dtype=torch.bfloat16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        in_process_bf16 = in_process_relevance(model, tokenizer, real_sql_batch())
-    drift = float((relevance - fp32).abs().max())
-    bf16_rounding = float((in_process_bf16 - fp32).abs().max())
-    print(
-        f"bf16 q - fp32 q, max |diff|: colocated {drift:.4f}, in-process {bf16_rounding:.4f} (mean q {fp32.mean():.4f})"
-    )
-    assert 0 < drift <= 2 * bf16_rounding
 
 
 FAILING = MRTPOConfig(

@@ -1,0 +1,133 @@
+"""verl's actor-engine options and the colocated replay: each option verl users set, on its real FSDP2 engine.
+
+Two ranks of verl's actor worker (gloo, CPU) per option set; the colocated relevance of a real batch (SmolLM2
+answers to Spider questions, every reward pair needed) is compared with the in-process scorer on the same weights
+(README "Engine options × placement"):
+
+- fused kernels (verl's fused log-prob forward installed on the model, checked), remove-padding, gradient
+  checkpointing, parameter and optimizer offload and torch.compile, together: the plain relevance to 1e-5;
+- LoRA (a random non-zero adapter loaded by verl): the relevance of the merged model, not of the base;
+- bf16 mixed precision: the fp32 relevance up to bf16's own rounding.
+
+Its own module (and Ray cluster) so that at most one two-rank group is alive at a time. What needs a GPU is in
+``benchmarks.gpu_check`` (stage "engine options").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mrtpo_verl.cpu_support.launch import save_derived_model
+from mrtpo_verl.estimator import RELEVANCE_KEY
+from mrtpo_verl.trainer.replay_stage import build_request
+from mrtpo_verl.workers.placement import InProcessBackend
+from tests.support.actor_groups import RANKS, UNSHARED, cpu_ray_cluster, relevance_of, started_actor_group
+from tests.support.real_batch import REWARD_KEYS, real_sql_batch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    with cpu_ray_cluster(RANKS):
+        yield
+
+
+def in_process_relevance(model: Any, tokenizer: Any, data: Any) -> torch.Tensor:
+    needed = torch.ones(len(data), len(REWARD_KEYS), dtype=torch.bool)
+    backend = InProcessBackend(UNSHARED, model, tokenizer)
+    return backend.compute_relevance(build_request(data, UNSHARED, needed)).batch[RELEVANCE_KEY]
+
+
+@pytest.fixture(scope="module")
+def tied_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
+    """The two-layer model, and its fp32 in-process relevance on the real batch (what every option must give)."""
+    from mrtpo_verl.replay.model_loading import load_causal_lm
+
+    path = save_derived_model(tmp_path_factory.mktemp("options") / "model", num_layers=2)
+    model, tokenizer = load_causal_lm(str(path), dtype=torch.float32)
+    return path, in_process_relevance(model, tokenizer, real_sql_batch())
+
+
+MODEL, ACTOR, FSDP = "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.actor.fsdp_config"
+#: Options that leave the replay's arithmetic unchanged, all in one engine (one worker group to start).
+SAME_ARITHMETIC = (
+    f"{MODEL}.use_fused_kernels=true",
+    f"{ACTOR}.use_fused_kernels=true",
+    f"{MODEL}.fused_kernel_options.impl_backend=torch",  # the Triton backend needs a GPU (benchmarks.gpu_check)
+    f"{MODEL}.use_remove_padding=true",
+    f"{ACTOR}.use_remove_padding=true",
+    f"{MODEL}.enable_gradient_checkpointing=true",
+    f"{FSDP}.param_offload=true",
+    f"{FSDP}.optimizer_offload=true",
+    f"{ACTOR}.use_torch_compile=true",
+    f"{FSDP}.use_torch_compile=true",
+)
+
+
+def test_engine_options_that_keep_the_arithmetic_give_the_plain_relevance(ray_cluster, tied_model) -> None:
+    path, expected = tied_model
+    with started_actor_group(path, SAME_ARITHMETIC, name="options_test") as group:
+        facts = group.engine_facts()[0]
+        # The options took effect: verl's fused log-prob forward is the model's forward, parameters are offloaded.
+        assert facts["forward"] == "verl.models.transformers.dense_common.forward_with_torch_backend", facts
+        assert facts["param_offload"] == "True", facts
+        relevance = relevance_of(group, real_sql_batch())
+    torch.testing.assert_close(relevance, expected, atol=1e-5, rtol=0)
+
+
+def random_lora_adapter(model_dir: Path) -> Path:
+    """A LoRA adapter (rank 8, every linear layer) with non-zero random weights, saved for verl to load."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=targets, init_lora_weights=False, task_type="CAUSAL_LM")
+    out = model_dir.parent / "lora_adapter"
+    get_peft_model(model, config).save_pretrained(out)
+    return out
+
+
+def test_lora_replays_with_the_adapted_weights(ray_cluster, tied_model) -> None:
+    from peft import PeftModel
+
+    from mrtpo_verl.replay.model_loading import load_causal_lm
+
+    path, base_relevance = tied_model
+    adapter = random_lora_adapter(path)
+    model, tokenizer = load_causal_lm(str(path), dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    expected = in_process_relevance(merged, tokenizer, real_sql_batch())
+    assert (expected - base_relevance).abs().max() > 1e-2, "the adapter changes the relevance (else no check)"
+    options = (f"{MODEL}.lora_rank=8", f"{MODEL}.lora_alpha=16", f"+{MODEL}.lora_adapter_path={adapter}")
+    with started_actor_group(path, options, name="lora_test") as group:
+        assert group.engine_facts()[0]["peft"] == "True"
+        relevance = relevance_of(group, real_sql_batch())
+    torch.testing.assert_close(relevance, expected, atol=1e-5, rtol=0)
+
+
+def test_bf16_mixed_precision_gives_the_fp32_relevance_up_to_bf16_rounding(ray_cluster, tied_model) -> None:
+    """bf16 moves q by its own rounding (a JS *distance* grows like the logits' error, ~0.03 here, about twice the
+    batch's mean q); the colocated bf16 replay must stay within twice what bf16 does to the in-process scorer."""
+    from mrtpo_verl.replay.model_loading import load_causal_lm
+
+    path, fp32 = tied_model
+    options = (f"{FSDP}.model_dtype=bf16", f"+{FSDP}.mixed_precision.param_dtype=bf16")
+    with started_actor_group(path, options, name="bf16_test") as group:
+        assert group.engine_facts()[0]["autocast"] == "torch.bfloat16"
+        relevance = relevance_of(group, real_sql_batch())
+    model, tokenizer = load_causal_lm(str(path), dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        in_process_bf16 = in_process_relevance(model, tokenizer, real_sql_batch())
+    drift = float((relevance - fp32).abs().max())
+    bf16_rounding = float((in_process_bf16 - fp32).abs().max())
+    print(
+        f"bf16 q - fp32 q, max |diff|: colocated {drift:.4f}, in-process {bf16_rounding:.4f} (mean q {fp32.mean():.4f})"
+    )
+    assert 0 < drift <= 2 * bf16_rounding
