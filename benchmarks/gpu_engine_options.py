@@ -3,7 +3,7 @@
 One rank of verl's real actor worker (FSDP2 on NCCL, one GPU) per option; each computes the colocated relevance
 of the same real batch (SmolLM2-135M-Instruct answers to Spider questions, every reward pair needed), compared
 with the same worker without any option (fp32, sdpa). Run by ``python -m benchmarks.gpu_check`` as its
-"engine options" stage; the CPU tests cover the other rows (tests/trainer/test_colocated_replay_on_cpu.py).
+"engine options" stage; the CPU tests cover the other rows (tests/trainer/test_colocated_engine_options_on_cpu.py).
 """
 
 from __future__ import annotations

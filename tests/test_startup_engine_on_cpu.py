@@ -2,7 +2,8 @@
 
 Every row of the README's engine-option matrix that start-up decides is here, on verl's real composed config
 (``mrtpo_trainer.yaml`` over verl's ``ppo_trainer``). The accepted rows' relevance is checked on verl's real FSDP2
-engine in tests/trainer/test_colocated_replay_on_cpu.py (and, for what needs a GPU, by ``benchmarks.gpu_check``).
+engine in tests/trainer/test_colocated_engine_options_on_cpu.py (and, for what needs a GPU,
+by ``benchmarks.gpu_check``).
 """
 
 from __future__ import annotations
