@@ -51,6 +51,17 @@ def test_a_pool_whose_workers_cannot_find_their_checker_data_stops_the_call(
         dispatch.compute_score("ifeval", "Hello.", record, {"index": 1}, sandbox_workers=1)
 
 
+def test_an_sql_pool_that_cannot_start_stops_the_call_instead_of_scoring_zero(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A broken Python home, as after a half-finished upgrade: no worker interpreter can start.
+    monkeypatch.setenv("PYTHONHOME", str(tmp_path / "no-python-here"))
+    truth = {"sql": "SELECT count(*) FROM city", "db_id": "world_1"}
+    answer = "```sql\nSELECT count(*) FROM city\n```"
+    with pytest.raises(VerifierFaultError, match=r"no SQL worker process could start in 3 attempts"):
+        dispatch.compute_score("spider", answer, truth, {"index": 0}, sandbox_workers=1)
+
+
 def test_a_pool_that_cannot_import_its_tasks_gives_up_after_three_attempts() -> None:
     pool = WorkerPool("reward_fns.no_such_task_module", size=2, label="test")
     try:
