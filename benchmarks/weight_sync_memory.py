@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers do not import this module
     ray.init(
+        address="local",  # a cluster of its own, even if another one runs on this machine
         num_cpus=4,
         num_gpus=RANKS,  # logical: verl's resource pools place one worker per "GPU"; every tensor is on the CPU
         include_dashboard=False,

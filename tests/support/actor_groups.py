@@ -45,6 +45,7 @@ UNSHARED = MRTPOConfig(
 def cpu_ray_cluster(num_gpus: int) -> Iterator[None]:
     """A local Ray cluster with ``num_gpus`` logical GPUs (verl's resource pools place one worker per "GPU")."""
     ray.init(
+        address="local",  # a cluster of its own, even if another one runs on this machine
         num_cpus=4,
         num_gpus=num_gpus,
         include_dashboard=False,
