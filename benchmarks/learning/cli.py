@@ -131,14 +131,21 @@ def interleaved_plan(arms: Sequence[str], seeds: Sequence[int]) -> list[tuple[st
     return plan
 
 
-def prepare_model(args: argparse.Namespace, chosen: Preset, out: Path) -> Path:
+def model_folder(args: argparse.Namespace, chosen: Preset, out: Path) -> Path:
+    """``--model-path``, or where the embedded SmolLM2 (cut to the preset's layers) is saved."""
     if args.model_path is not None:
-        if not (args.model_path / "config.json").is_file():
-            raise SystemExit(f"error: --model-path {args.model_path}: no config.json (a local HF model folder)")
         return args.model_path.resolve()
+    return out / ("model" if chosen.model_layers is None else f"model_{chosen.model_layers}_layers")
+
+
+def prepare_model(args: argparse.Namespace, chosen: Preset, out: Path) -> Path:
+    folder = model_folder(args, chosen, out)
+    if args.model_path is not None:
+        if not (folder / "config.json").is_file():
+            raise SystemExit(f"error: --model-path {args.model_path}: no config.json (a local HF model folder)")
+        return folder
     from mrtpo_verl.cpu_support.launch import save_derived_model
 
-    folder = out / ("model" if chosen.model_layers is None else f"model_{chosen.model_layers}_layers")
     if not (folder / "config.json").is_file():
         save_derived_model(folder, num_layers=chosen.model_layers)
     return folder
@@ -167,25 +174,28 @@ def prepare_task(args: argparse.Namespace, chosen: Preset, out: Path, model: Pat
         raise SystemExit(f"error: {error}") from None
 
 
-def check_plan_file(out: Path, record: dict[str, Any]) -> None:
-    """Write ``plan.json``, or compare with the one already there (``EXTENDABLE`` fields may differ)."""
+def as_stored(value: Any) -> Any:
+    """``value`` as ``plan.json`` gives it back (tuples as lists, paths as text)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def check_plan_file(out: Path, section: str, value: dict[str, Any]) -> None:
+    """Stop when ``plan.json`` holds another ``section`` (``settings`` or ``task``; ``EXTENDABLE`` may differ)."""
     path = out / "plan.json"
-    record = json.loads(json.dumps(record, default=str))  # tuples as lists, paths as text: as read back
-    if path.is_file():
-        old = json.loads(path.read_text())
-        differing = sorted(
-            f"{name}: {old['settings'].get(name)!r} -> {value!r}"
-            for name, value in record["settings"].items()
-            if name not in EXTENDABLE and old["settings"].get(name) != value
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text()).get(section, {})
+    value = as_stored(value)
+    differing = sorted(
+        f"{name}: {old.get(name)!r} -> {new!r}"
+        for name, new in value.items()
+        if name not in EXTENDABLE and old.get(name) != new
+    )
+    if differing:
+        raise SystemExit(
+            f"error: {out} holds a comparison with other {section} ({'; '.join(differing)}); "
+            "use another --out, or the same settings to resume"
         )
-        if old.get("task") != record["task"]:
-            differing.append(f"task: {old.get('task')} -> {record['task']}")
-        if differing:
-            raise SystemExit(
-                f"error: {out} holds a comparison with other settings ({'; '.join(differing)}); "
-                "use another --out, or the same settings to resume"
-            )
-    path.write_text(json.dumps(record, indent=1, default=str))
 
 
 def dry_run(chosen: Preset, task: Task, model: Path, out: Path) -> None:
@@ -250,10 +260,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     report_path = (args.report or out / "report.md").resolve()
     print(f"benchmarks.learning: preset {chosen.name}, output {out}", flush=True)
+    settings_record = {**asdict(chosen), "model": str(model_folder(args, chosen, out))}
+    check_plan_file(out, "settings", settings_record)  # before any preparation: a mistake stops at once
     model = prepare_model(args, chosen, out)
     task = prepare_task(args, chosen, out, model)
-    record = {"settings": {**asdict(chosen), "model": str(model)}, "task": task.describe()}
-    check_plan_file(out, record)
+    check_plan_file(out, "task", task.describe())
+    plan_record = as_stored({"settings": settings_record, "task": task.describe()})
+    (out / "plan.json").write_text(json.dumps(plan_record, indent=1))
     plan = interleaved_plan(chosen.arms, chosen.seeds)
     print(f"task {task.name}: rewards {list(task.reward_keys)}, prompts <= {task.prompt_length} tokens", flush=True)
     if args.dry_run:

@@ -10,8 +10,8 @@ From every finished run's records (``records.jsonl``):
   the final KL and entropy, and for MRTPO arms each reward's relevance concentration.
 
 The threshold of a reward, unless given, is the evaluation before training plus half of the best
-arm's mean improvement at the last step (so it is reachable by the best arm on average); it is
-printed in the report.
+arm's mean improvement at the last step (so it is reachable by the best arm on average; none when
+no arm improved); it is printed in the report.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ class Comparison:
             for arm in self.arms
             if (values := [v for s in self.seeds(arm) if (v := self.final_eval(arm, s, key)) is not None])
         ]
-        if start is None or not finals:
-            return None
-        return start + 0.5 * max(max(finals) - start, 0.0)
+        if start is None or not finals or max(finals) <= start:
+            return None  # no arm improved on average: nothing to reach
+        return start + 0.5 * (max(finals) - start)
 
     def scalar(self, arm: str, field: str, skip_first: bool = True) -> list[float]:
         """``field`` of every training step of the arm's runs (all seeds); the first step is warm-up."""
@@ -136,6 +136,8 @@ def reward_table(comparison: Comparison, key: str, thresholds: Mapping[str, floa
         title += f" — evaluation before training {start:.3f} (mean over runs)"
     if threshold is not None:
         title += f"; threshold {threshold:.3f}"
+    else:
+        title += "; no threshold (no arm's final evaluation beat the start on average)"
     lines = [
         title,
         "",

@@ -141,11 +141,31 @@ def build_demo_task(out_dir: Path, model_dir: Path, train_prompts: int, val_prom
     train = (head[0::2] + questions[2 * val_prompts :])[:train_prompts]
     source = out_dir / "source"
     source.mkdir(parents=True, exist_ok=True)
-    for split, items in (("train", train), ("test", val)):
-        with (source / f"{split}.jsonl").open("w", encoding="utf-8") as handle:
-            for record in demo_records(items):
-                handle.write(json.dumps(record) + "\n")
     prepared = out_dir / "data"
+    changed = False
+    for split, items in (("train", train), ("test", val)):
+        text = "".join(json.dumps(record) + "\n" for record in demo_records(items))
+        path = source / f"{split}.jsonl"
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            changed = True
+    if changed or not all((prepared / f"{split}.parquet").is_file() for split in ("train", "test")):
+        prepare_with_recipe_script(source, prepared)
+    from reward_fns.dispatch import reward_keys
+
+    return finish_task(
+        "if_pair (Spider questions + IFEval fixed-answer and postscript instructions)",
+        prepared / "train.parquet",
+        prepared / "test.parquet",
+        "instruction_following",
+        reward_keys(["instruction_following"], len(DEMO_CONSTRAINTS)),
+        len(DEMO_CONSTRAINTS),
+        model_dir,
+    )
+
+
+def prepare_with_recipe_script(source: Path, prepared: Path) -> None:
+    """``recipes/data/prepare_instruction_following.py`` on the demo task's two ``.jsonl`` files."""
     subprocess.run(
         [
             sys.executable,
@@ -162,17 +182,6 @@ def build_demo_task(out_dir: Path, model_dir: Path, train_prompts: int, val_prom
         check=True,
         stdout=subprocess.DEVNULL,
         cwd=REPO,
-    )
-    from reward_fns.dispatch import reward_keys
-
-    return finish_task(
-        "if_pair (Spider questions + IFEval fixed-answer and postscript instructions)",
-        prepared / "train.parquet",
-        prepared / "test.parquet",
-        "instruction_following",
-        reward_keys(["instruction_following"], len(DEMO_CONSTRAINTS)),
-        len(DEMO_CONSTRAINTS),
-        model_dir,
     )
 
 
