@@ -253,6 +253,9 @@ class WorkerPool:
         size: Most worker processes (also the number of calls that can run at once).
         memory_limit_bytes: Address-space limit of each worker (``RLIMIT_AS``).
         label: What the workers check ("SQL", "instruction-following"), for messages.
+        timer_in_worker: Whether a worker stops a task at its deadline with its own timer (see
+            `worker`); off for tasks that stop themselves with a clearer message (SQLite's progress
+            handler), which the timer would otherwise interrupt.
 
     Raises:
         ValueError: If `size` < 1 or the memory limit is below 256 MiB (a worker could not even import).
@@ -264,6 +267,7 @@ class WorkerPool:
         size: int = DEFAULT_WORKERS,
         memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
         label: str = "reward",
+        timer_in_worker: bool = True,
     ) -> None:
         if size < 1:
             raise ValueError(f"a {label} worker pool needs at least 1 worker; got size={size}")
@@ -271,6 +275,7 @@ class WorkerPool:
             raise ValueError(f"{label} worker memory limit {memory_limit_bytes} bytes is below the 256 MiB minimum")
         self.tasks_module = tasks_module
         self.label = label
+        self.timer_in_worker = timer_in_worker
         self.size = size
         self.memory_limit_bytes = memory_limit_bytes
         self.owner_pid = os.getpid()
@@ -314,7 +319,8 @@ class WorkerPool:
         """
         # The worker stops the task itself just past the deadline and stays warm; the kill below is
         # the backstop for a task stuck where its timer cannot reach it (one long C call).
-        request = encode_frame((task_name, kwargs, timeout_s + IN_WORKER_DEADLINE_DELAY_S))
+        in_worker_deadline = timeout_s + IN_WORKER_DEADLINE_DELAY_S if self.timer_in_worker else None
+        request = encode_frame((task_name, kwargs, in_worker_deadline))
         worker = self._acquire()
         deadline = time.monotonic() + timeout_s + KILL_GRACE_S
         try:
@@ -461,6 +467,7 @@ def shared_pool(
     size: int = DEFAULT_WORKERS,
     memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
     label: str = "reward",
+    timer_in_worker: bool = True,
 ) -> WorkerPool:
     """This process's pool for `tasks_module`, made on first use; a call with other settings replaces it.
 
@@ -469,6 +476,7 @@ def shared_pool(
         size: Number of workers.
         memory_limit_bytes: Address-space limit of each worker.
         label: What the workers check, for messages.
+        timer_in_worker: See `WorkerPool`.
 
     Returns:
         The pool.
@@ -479,7 +487,7 @@ def shared_pool(
             if (pool.size, pool.memory_limit_bytes) == (size, memory_limit_bytes):
                 return pool
             pool.close()
-        _shared[tasks_module] = pool = WorkerPool(tasks_module, size, memory_limit_bytes, label)
+        _shared[tasks_module] = pool = WorkerPool(tasks_module, size, memory_limit_bytes, label, timer_in_worker)
         return pool
 
 

@@ -55,9 +55,10 @@ class Isolation:
             WorkerFailure: If the task raised, or its worker overran the deadline or died.
         """
         if self.mode == "process":
-            return shared_pool(TASKS_MODULE, self.workers, self.memory_limit_bytes, "SQL").call(
-                task_name, kwargs, timeout_s
-            )
+            # No timer in the worker: SQLite's progress handler stops a query at its deadline with a
+            # clearer message, and the parent kills a worker stuck in one long instruction.
+            pool = shared_pool(TASKS_MODULE, self.workers, self.memory_limit_bytes, "SQL", timer_in_worker=False)
+            return pool.call(task_name, kwargs, timeout_s)
         try:
             return TASKS[task_name](**kwargs)
         except Exception as error:  # the same contract as a worker's error reply

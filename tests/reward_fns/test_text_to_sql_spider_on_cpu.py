@@ -20,7 +20,8 @@ from reward_fns.text_to_sql import BUNDLED_DB_ROOT, DATA_SOURCES, REWARD_KEYS, c
 from reward_fns.text_to_sql.verifier import _cached_gold_outcome, clear_gold_cache
 from reward_fns.total import RewardConfigError, internal_error_counts
 
-EXPECTED_KEYS = {"score", "reward/text_to_sql/internal_errors", *REWARD_KEYS, *(f"{key}_info" for key in REWARD_KEYS)}
+COUNTER_KEYS = {"reward/text_to_sql/internal_errors", "reward/text_to_sql/timeouts"}
+EXPECTED_KEYS = {"score", *COUNTER_KEYS, *REWARD_KEYS, *(f"{key}_info" for key in REWARD_KEYS)}
 
 
 @functools.cache
