@@ -164,10 +164,17 @@ def reward_table(comparison: Comparison, key: str, thresholds: Mapping[str, floa
     return lines
 
 
+def kl_field(comparison: Comparison) -> tuple[str, str]:
+    """The KL to report: to the reference when a run logged it, else verl's PPO KL to the sampling policy."""
+    logged = any("kl_ref" in r for records in comparison.runs.values() for r in records)
+    return ("kl_ref", "final KL to the reference") if logged else ("kl_old", "final KL(new‖old)")
+
+
 def timing_table(comparison: Comparison) -> list[str]:
+    field, title = kl_field(comparison)
     lines = [
         "| arm | step (s), median | step / gdpo | gen (s) | old log-prob (s) | adv + replay (s) | update (s) "
-        "| eval (s) | final KL(new‖old) | final entropy |",
+        f"| eval (s) | {title} | final entropy |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = comparison.scalar("gdpo", "step_time_s")
@@ -184,8 +191,16 @@ def timing_table(comparison: Comparison) -> list[str]:
         lines.append(
             f"| {arm} | {step:.1f} | {ratio} | {median(arm, 'gen_s')} | {median(arm, 'old_log_prob_s')} "
             f"| {median(arm, 'adv_s')} | {median(arm, 'update_actor_s')} | {median(arm, 'eval_s')} "
-            f"| {comparison.last_scalar(arm, 'kl_old').text(4)} | {comparison.last_scalar(arm, 'entropy').text(3)} |"
+            f"| {comparison.last_scalar(arm, field).text(4)} | {comparison.last_scalar(arm, 'entropy').text(3)} |"
         )
+    kl_values = [value for arm in comparison.arms for value in comparison.scalar(arm, "kl_old", skip_first=False)]
+    if field == "kl_old" and kl_values and not any(kl_values):
+        lines += [
+            "",
+            "KL(new‖old) is verl's `actor/ppo_kl`: 0 here by construction, as each step makes one PPO update "
+            "that starts from the policy that sampled the batch; `--kl-coef` > 0 adds a reference model and "
+            "reports the KL to it instead.",
+        ]
     return lines
 
 
@@ -235,8 +250,8 @@ def write_report(
         plots.append(plot)
         body += [*reward_table(comparison, key, thresholds), "", f"![{key}]({plot.name})", ""]
     body += [
-        "Step time (median over steps after the first, all seeds; evaluation is timed apart), final KL between "
-        "the updated and the sampling policy (verl's `actor/ppo_kl`) and final entropy (mean [95% t] over seeds):",
+        "Step time (median over steps after the first, all seeds; evaluation is timed apart), final KL and "
+        "final entropy (verl's `actor/entropy`; mean [95% t] over seeds):",
         "",
         *timing_table(comparison),
         "",
