@@ -68,9 +68,9 @@ def test_every_arm_trains_and_is_evaluated(smoke: tuple[Path, subprocess.Complet
             assert "entropy" in record and "kl_old" in record
         assert ("beta" in records[1]) == (arm == "mrtpo")
     # Same seed, same data: step 0 (before any update) is evaluated on identical weights, greedily.
+    # (The sampled training batches are not compared: the hf rollout serves requests in arrival order,
+    # so the same sampler seed does not give two runs the same responses.)
     assert records_of(out, "gdpo")[0]["eval"] == records_of(out, "mrtpo")[0]["eval"]
-    # Same rollout seed and data order: the first step's training batch scores alike in both arms.
-    assert records_of(out, "gdpo")[1]["train"] == records_of(out, "mrtpo")[1]["train"]
 
 
 @pytest.mark.slow
