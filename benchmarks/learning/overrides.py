@@ -4,7 +4,9 @@ Shared by every arm of a seed: the data (and ``data.seed``, which fixes verl's s
 the rollout settings and ``actor_rollout_ref.rollout.seed`` (the sampler's seed), the optimiser and
 learning rate, the PPO batch sizes, KL settings, evaluation and checkpointing. Evaluation is greedy:
 ``val_kwargs`` temperature 0 with one response per prompt (``do_sample=false``), so an evaluation
-measures the policy, not the sampler's luck.
+measures the policy, not the sampler's luck. The shared sampler seed does not make two runs sample
+the same responses on the CPU backend: its ``hf`` rollout serves requests in arrival order, which
+varies (two arms' first batches differed in a CPU run), so arms differ by sampling noise from step 1.
 
 CPU: verl's trainer on :mod:`mrtpo_verl.cpu_support` (:func:`mrtpo_verl.cpu_support.launch.cpu_overrides`:
 FSDP2 on gloo in fp32, the ``hf`` rollout). GPU: one node of ``n_gpus`` GPUs with verl's vLLM or
