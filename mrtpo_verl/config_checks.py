@@ -23,6 +23,8 @@ __all__ = ["check_estimator", "check_value_types", "check_verl_config"]
 #: Our own block: validated field by field by :class:`mrtpo_verl.config.MRTPOConfig`.
 OWN_BLOCKS = ("mrtpo",)
 _MISSING = object()
+#: What to write in place of the value, per allowed type.
+PLACEHOLDERS = {"true | false": "true|false", "an integer": "integer", "a number": "number"}
 
 
 def _leaves(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -78,7 +80,7 @@ def check_value_types(config: DictConfig, defaults: DictConfig) -> None:
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise ConfigMistake(
                 f"{path}: got {value!r} ({type(value).__name__}) (allowed: {allowed}, as verl's default "
-                f"{default_node._value()!r}); set {path}=<{allowed.split(' ')[-1]}>"
+                f"{default_node._value()!r}); set {path}=<{PLACEHOLDERS[allowed]}>"
             )
 
 
