@@ -94,7 +94,7 @@ def _check_model_folder(field: str, path: str, trust: bool) -> None:
         AutoConfig.from_pretrained(source, trust_remote_code=trust)
     except Exception as error:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        where = "in the local Hugging Face cache (HF_HUB_OFFLINE=1)" if offline and source == path else ""
+        where = "in the local Hugging Face cache (HF_HUB_OFFLINE=1) " if offline and source == path else ""
         raise ConfigMistake(
             f"{field}: {path!r} has no readable model config {where}({_short(error)}); give a local model "
             "folder with config.json, or download the model first (huggingface-cli download <id>)"
