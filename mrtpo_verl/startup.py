@@ -53,6 +53,7 @@ def validate_run_config(config: DictConfig) -> MRTPOConfig | None:
     Raises:
         MRTPOConfigError: naming the field, the problem and the allowed values.
     """
+    _check_reward_kwargs(config)
     estimator = str(config.algorithm.adv_estimator)
     if estimator not in MULTI_REWARD_ESTIMATORS:
         return None
@@ -75,6 +76,35 @@ def validate_run_config(config: DictConfig) -> MRTPOConfig | None:
     if estimator == "mrtpo" and mrtpo.replay.placement == "colocated":
         _check_colocated_actor(config)
     return resolve_replay_settings(config, mrtpo) if estimator == "mrtpo" else mrtpo
+
+
+#: The reward kwargs that set how every family of ours checks a response (reward_fns.process_pool.deadline).
+_DEADLINE_KWARGS = ("timeout_s", "isolation", "sandbox_workers", "sandbox_memory_bytes")
+
+
+def _check_reward_kwargs(config: DictConfig) -> None:
+    """Our reward function's deadline and pool settings, checked before any worker starts.
+
+    Without this a bad value surfaces only at the first reward call, inside a Ray reward worker.
+    """
+    custom = OmegaConf.select(config, "reward.custom_reward_function", default=None) or {}
+    if custom.get("path") != REWARD_DISPATCH_PATH:
+        return
+    from reward_fns.process_pool.deadline import DeadlineSettings
+    from reward_fns.total import RewardConfigError
+
+    kwargs: dict[str, Any] = dict(custom.get("reward_kwargs") or {})
+    field = "reward.custom_reward_function.reward_kwargs"
+    if kwargs.get("isolation") == "inprocess":
+        raise MRTPOConfigError(
+            f"{field}.isolation: 'inprocess' (allowed: process); in-process checks have no deadline, so one hostile "
+            "response can stall every step — it exists only for benchmarks.reward_throughput"
+        )
+    try:
+        DeadlineSettings.from_kwargs(**{name: kwargs[name] for name in _DEADLINE_KWARGS if name in kwargs})
+    except RewardConfigError as error:
+        named = next((name for name in _DEADLINE_KWARGS if str(error).startswith(name)), "isolation")
+        raise MRTPOConfigError(f"{field}.{named}: {error}") from error
 
 
 def _check_trainer_mode(config: DictConfig, mode: str, estimator: str) -> None:

@@ -142,3 +142,46 @@ def test_the_default_config_runs_the_colocated_replay_on_fsdp2() -> None:
     assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" and cfg.actor_rollout_ref.ref.strategy == "fsdp2"
     mrtpo = validate_run_config(cfg)
     assert mrtpo is not None and mrtpo.replay.placement == "colocated"
+
+
+#: Our reward function as verl's custom reward, with the text-to-SQL family only.
+OUR_REWARD = (
+    "reward.custom_reward_function.path=pkg://reward_fns.dispatch",
+    "reward.custom_reward_function.name=compute_score",
+    "+reward.custom_reward_function.reward_kwargs.families=[text_to_sql]",
+)
+
+
+@pytest.mark.parametrize(
+    ("setting", "field", "problem"),
+    [
+        ("timeout_s=0", "timeout_s", "positive number of seconds"),
+        ("timeout_s=-3", "timeout_s", "positive number of seconds"),
+        ("timeout_s=soon", "timeout_s", "positive number of seconds"),
+        ("sandbox_workers=0", "sandbox_workers", "positive integer"),
+        ("sandbox_memory_bytes=1.5", "sandbox_memory_bytes", "positive integer"),
+        ("isolation=thread", "isolation", "unknown isolation 'thread'"),
+        ("isolation=inprocess", "isolation", "in-process checks have no deadline"),
+    ],
+)
+def test_reward_deadline_settings_are_checked_at_start_up(setting: str, field: str, problem: str) -> None:
+    """A bad deadline or pool setting of our reward function is a start-up error, whatever the estimator."""
+    from mrtpo_verl.startup import validate_run_config
+
+    for estimator in ("mrtpo", "grpo"):
+        cfg = compose_trainer(
+            *MULTI_REWARD_RUN,
+            *OUR_REWARD,
+            f"algorithm.adv_estimator={estimator}",
+            f"+reward.custom_reward_function.reward_kwargs.{setting}",
+        )
+        with pytest.raises(MRTPOConfigError, match=rf"reward_kwargs\.{field}: .*{problem}"):
+            validate_run_config(cfg)
+
+
+def test_valid_reward_deadline_settings_pass() -> None:
+    from mrtpo_verl.startup import validate_run_config
+
+    overrides = [f"+reward.custom_reward_function.reward_kwargs.{s}" for s in ("timeout_s=2.5", "sandbox_workers=3")]
+    cfg = compose_trainer(*MULTI_REWARD_RUN, *OUR_REWARD, *overrides, "algorithm.adv_estimator=grpo")
+    assert validate_run_config(cfg) is None
