@@ -96,32 +96,48 @@ def curve_band(comparison: Comparison, arm: str, key: str, train: bool = False) 
 
 
 def plot_reward(comparison: Comparison, key: str, path: Path, title: str) -> None:
-    """Evaluation curves with 95% bands (left) and training-batch means (right), one colour per arm."""
+    """Evaluation curves (left) and training-batch means (right), one colour per arm.
+
+    Thick: the mean over seeds, with its 95% t band on the left; thin: each seed. The y axis spans the
+    values themselves: with two or three seeds a t band can reach far past them (t = 12.7 for two).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    values: list[float] = []
     for index, arm in enumerate(comparison.arms):
         colour = f"C{index}"
-        band = curve_band(comparison, arm, key)
-        if band:
+        for train, axis in ((False, left), (True, right)):
+            for seed in comparison.seeds(arm):
+                curve = comparison.train_curve(arm, seed, key) if train else comparison.eval_curve(arm, seed, key)
+                axis.plot([s for s, _ in curve], [v for _, v in curve], "-", color=colour, alpha=0.35, lw=0.8)
+                values.extend(v for _, v in curve)
+            band = curve_band(comparison, arm, key, train=train)
+            if not band:
+                continue
             steps = [s for s, _ in band]
-            left.plot(steps, [i.mean for _, i in band], "o-", color=colour, label=f"{arm} ({band[-1][1].n} seeds)")
-            lows = [i.low if not math.isnan(i.low) else i.mean for _, i in band]
-            highs = [i.high if not math.isnan(i.high) else i.mean for _, i in band]
-            left.fill_between(steps, lows, highs, color=colour, alpha=0.2)
-        train = curve_band(comparison, arm, key, train=True)
-        if train:
-            right.plot([s for s, _ in train], [i.mean for _, i in train], "--", color=colour, label=arm)
-    left.set_title(f"{key}: held-out evaluation (greedy), mean and 95% t band")
-    right.set_title(f"{key}: training batch mean (sampled)")
+            seeds = band[-1][1].n
+            axis.plot(steps, [i.mean for _, i in band], "o-", color=colour, lw=2, label=f"{arm} (n={seeds})")
+            if not train:
+                lows = [i.low if not math.isnan(i.low) else i.mean for _, i in band]
+                highs = [i.high if not math.isnan(i.high) else i.mean for _, i in band]
+                axis.fill_between(steps, lows, highs, color=colour, alpha=0.15)
+    if values:
+        low, high = min(values), max(values)
+        margin = 0.05 * (high - low or 1.0)
+        left.set_ylim(low - margin, high + margin)
+    left.set_title(f"{key}: held-out evaluation (greedy), mean, 95% t band", fontsize=10)
+    right.set_title(f"{key}: training batch mean (sampled)", fontsize=10)
     for axis in (left, right):
         axis.set_xlabel("training step")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
-    left.set_ylabel(f"{key} (share of responses)")
-    left.legend(fontsize=8)
+        axis.legend(fontsize=8)
+    left.set_ylabel(f"{key} (mean over responses)")
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
