@@ -91,13 +91,20 @@ def create_replay_worker_group(
 
 
 def dead_workers(group: RayWorkerGroup, timeout_s: float = 10.0) -> list[str]:
-    """``name (rank r)`` of every worker of ``group`` that no longer answers (for failure messages)."""
+    """``name (rank r)`` of every worker of ``group`` that no longer answers (for failure messages).
+
+    A worker that is still busy with its share of the failed request answers the liveness call only after that
+    share (an actor runs its calls in order), so a timeout means "busy", not dead: only Ray's own actor errors
+    (the process died, or cannot be reached) count.
+    """
     names = list(getattr(group, "worker_names", None) or [f"worker {rank}" for rank in range(len(group.workers))])
     dead = []
     for rank, (name, handle) in enumerate(zip(names, group.workers, strict=False)):
         try:
             ray.get(handle.__ray_ready__.remote(), timeout=timeout_s)  # Ray's own liveness call on every actor
-        except Exception:  # any failure to answer counts as dead here
+        except ray.exceptions.GetTimeoutError:
+            continue
+        except Exception:  # ActorDiedError, ActorUnavailableError, ...: the worker cannot answer
             dead.append(f"{name} (rank {rank})")
     return dead
 
