@@ -27,7 +27,7 @@ Tables:
    Deadline-bound answers: text-to-SQL ``printf('%.*c', 2147483647, 'x')`` (one SQLite
    instruction: the worker is killed), instruction following a 64 KiB answer of short sentences on
    ``words:words_position`` (NLTK tokenising for seconds: the worker's timer stops it), tool calling
-   a 100 KiB Python call list (0.2 s, so this batch uses a 0.1 s deadline).
+   a call list near the 256 KiB cap (0.1–0.5 s, so this batch uses a 0.05 s deadline).
 3. *Worst case per instruction id at the cap*: every supported instruction id of the packaged
    IFEval/IFBench data, on adversarial answers of ``reward_fns.total.MAX_RESPONSE_CHARS`` (256 Ki
    characters), one call at a time through the pool with the default 5 s deadline.
@@ -66,7 +66,7 @@ from reward_fns.total import MAX_RESPONSE_CHARS, GroundTruthError
 
 FAMILIES = ("text_to_sql", "tool_calling", "instruction_following")
 SLOW_ANSWERS, ORDINARY_ANSWERS = 8, 56
-FAIRNESS_DEADLINE_S = {"text_to_sql": 1.0, "tool_calling": 0.1, "instruction_following": 1.0}
+FAIRNESS_DEADLINE_S = {"text_to_sql": 1.0, "tool_calling": 0.05, "instruction_following": 1.0}
 CAP_UNITS = ("Hi. ", "word ", "word\n\n", "*** ", "{[(", "x" * 1_000 + " ", "<<a>> ", "P.S. a, b.\n")
 
 
@@ -132,7 +132,8 @@ def deadline_bound(family: str, count: int) -> list[Sample]:
         return [Sample("ifeval", "Hi. " * (64 * 1024 // 4), truth)] * count
     item = load_bfcl_category("simple_python")[0]
     name = item.functions[0]["name"]
-    calls = "[" + ",".join(f"{name}(a={i})" for i in range(100 * 1024 // 24)) + "]"
+    entry = len(name) + 12  # "name(a=NNNN)," with up to 5-digit values
+    calls = "[" + ",".join(f"{name}(a={i})" for i in range(250 * 1024 // entry)) + "]"
     return [Sample("bfcl", calls, item.ground_truth())] * count
 
 
