@@ -1,4 +1,4 @@
-"""Localisation on a real model (issue 4, item 6): the paper's Table 4 ratio on hand-made cases.
+"""Localisation on a real model: the paper's Table 4 ratio on hand-made cases.
 
 For each case, a hand-written response to a short chat prompt is scored by the REAL verifier of its task
 family (``reward_fns.dispatch.compute_score``, as in training), which yields the verifier information
@@ -8,7 +8,7 @@ family (``reward_fns.dispatch.compute_score``, as in training), which yields the
 reported (``mrtpo_verl.analysis.localisation``: share of the reward's distance on the part / share of tokens;
 uniform = 1).
 
-The criterion of the issue, per expectation ``(reward k, part)``: ratio_k(part) > 1 and
+The localisation criterion, per expectation ``(reward k, part)``: ratio_k(part) > 1 and
 ratio_k(part) ≥ 2 × ratio_j(part) for every other reward j.
 
 Parts: tool calling — ``tags`` (``<tool_call>`` and the closing tag), ``body`` (the JSON text between them),
@@ -111,7 +111,7 @@ class Measurement:
     seconds: float = 0.0
 
     def check(self, reward: str, part: str) -> bool:
-        """The issue's criterion for (reward, part): ratio > 1 and ≥ DOMINANCE × every other reward's ratio.
+        """The localisation criterion for (reward, part): ratio > 1 and ≥ DOMINANCE × every other reward's ratio.
 
         A NaN ratio (a reward with no distance at all) never satisfies the criterion as the expected reward and
         never blocks it as another reward.

@@ -1,4 +1,4 @@
-"""CPU benchmark of the replay's cost (issue 6), every figure a ratio or fit measured side by side in one run.
+"""CPU benchmark of the replay's cost, every figure a ratio or fit measured side by side in one run.
 
 Run from the repository root:
 

@@ -1,4 +1,4 @@
-"""Replay cost on the paper's task families with prefix sharing (issue 12), rows for ``benchmarks.replay_cost``.
+"""Replay cost on the paper's task families with prefix sharing, rows for ``benchmarks.replay_cost``.
 
 Per family: one real prompt of the shipped data (the demo's: Spider with its schema prompt, BFCL v4 with its
 function documentation, IFEval), n responses sampled by SmolLM2-135M-Instruct itself (temperature 0.8), each

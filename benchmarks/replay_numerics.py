@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from benchmarks.machine import machine_description
 from mrtpo_verl.math.relevance import js_distance
+from mrtpo_verl.math.token_weights import token_weights
 from mrtpo_verl.replay.contexts import ReplayContextBuilder
 from mrtpo_verl.replay.model_runners import LocalModelRunner
 from mrtpo_verl.replay.scorer import ReplayScorer
@@ -147,9 +148,8 @@ def _row_agreement(reference: torch.Tensor, other: torch.Tensor) -> tuple[float,
     gap = (reference - other).abs()
     dq = gap.max().item()
     q_at_max = reference[gap.argmax()].item()
-    mean_r, mean_o = reference.mean().item(), other.mean().item()
-    w_r = (1 - BETA) + BETA * reference / mean_r if mean_r > 0 else torch.ones_like(reference)
-    w_o = (1 - BETA) + BETA * other / mean_o if mean_o > 0 else torch.ones_like(other)
+    valid = torch.ones(1, reference.numel())
+    w_r, w_o = (token_weights(q.reshape(1, 1, -1), valid, BETA)[0, 0] for q in (reference, other))
     dw = (w_r - w_o).abs().max().item()
     if reference.numel() > 1 and reference.std() > 0 and other.std() > 0:
         pearson = torch.corrcoef(torch.stack([reference, other]))[0, 1].item()

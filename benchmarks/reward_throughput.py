@@ -40,7 +40,6 @@ import asyncio
 import functools
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -62,7 +61,7 @@ from reward_fns.tool_calling.bfcl_data import load_bfcl_category
 from reward_fns.tool_calling.reference import gold_calls
 from reward_fns.tool_calling.reference import parse_ground_truth as parse_tool_reference
 from reward_fns.tool_calling.render import render_tool_call_blocks
-from reward_fns.total import MAX_RESPONSE_CHARS, GroundTruthError
+from reward_fns.total import MAX_RESPONSE_CHARS, GroundTruthError, timeouts_key
 
 FAMILIES = ("text_to_sql", "tool_calling", "instruction_following")
 SLOW_ANSWERS, ORDINARY_ANSWERS = 8, 56
@@ -214,8 +213,7 @@ def scores_of(results: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 
 def fairness_rows(loop: asyncio.AbstractEventLoop, slow_count: int, ordinary_count: int) -> list[Row]:
-    threads = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor, where verl runs compute_score
-    workers = min(DEFAULT_WORKERS, threads)
+    workers = DEFAULT_WORKERS  # = asyncio's default executor size, where verl runs compute_score
     rows = []
     for family in FAMILIES:
         deadline = FAIRNESS_DEADLINE_S[family]
@@ -231,7 +229,7 @@ def fairness_rows(loop: asyncio.AbstractEventLoop, slow_count: int, ordinary_cou
         mixed_s = time.perf_counter() - started
         bound = math.ceil(len(slow) / workers) * deadline + alone_s
         changed = sum(a != b for a, b in zip(scores_of(alone), scores_of(mixed[len(slow) :]), strict=True))
-        timeout_key = f"reward/{family}/timeouts"
+        timeout_key = timeouts_key(family)
         timed_out = sum(r["reward_extra_info"][timeout_key] == 1.0 for r in mixed[: len(slow)])
         rows.append(
             Row(
@@ -315,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     quick = args.quick
     limit, repeats = (8, 1) if quick else (args.gold_limit, args.repeats)
     shown_argv = sys.argv[1:] if argv is None else argv
-    threads = min(32, (os.cpu_count() or 1) + 4)
+    threads = DEFAULT_WORKERS  # asyncio's default executor size: min(32, cpus + 4), as the pool's default
     extra = f"verl reward loop ({threads} executor threads); {DEFAULT_WORKERS} workers per family pool; "
     for text in machine_description("benchmarks.reward_throughput", shown_argv, extra):
         print(text)

@@ -7,7 +7,7 @@ process's RSS (``psutil``, every 2 ms) from just before the call until the drive
 each rank's peak minus its RSS before the call, as a multiple of the model's size in the dtype sent (fp32 here,
 the CPU run's dtype). Targets: rank 0 at most 1.2x (it must hold the weights once), every other rank at most 0.1x.
 
-For comparison the same is measured afterwards for the previous export (every rank copies every full tensor to the
+For comparison the same is measured afterwards for a baseline export (every rank copies every full tensor to the
 CPU and only rank 0's copy is kept), reproduced here in a benchmark-only worker method; measured second, it may
 reuse memory the allocator kept from the first fetch, so its figures are if anything too low.
 
@@ -40,7 +40,7 @@ OTHER_LIMIT = 0.1
 
 
 class MeasuredActorWorker(MRTPOActorRolloutRefWorker):
-    """Benchmark-only: the actor worker with an RSS sampler, and the previous every-rank export to compare with."""
+    """Benchmark-only: the actor worker with an RSS sampler, and the every-rank baseline export to compare with."""
 
     _sampler: Any = None
 
@@ -68,7 +68,7 @@ class MeasuredActorWorker(MRTPOActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def every_rank_copy_state_dict(self) -> dict[str, Any] | None:
-        """The previous export: verl's all-gathered tensors copied to the CPU on every rank, rank 0's returned."""
+        """The baseline export: verl's all-gathered tensors copied to the CPU on every rank, rank 0's returned."""
         per_tensor, _ = self.actor.engine.get_per_tensor_param()
         weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in per_tensor}
         return weights if self.rank == 0 else None
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| export | rank | RSS before | peak RSS | peak - before | x model size | target |")
     print("|---|---|---|---|---|---|---|")
     for method, (per_rank, model_bytes) in results.items():
-        name = "gather to rank 0 (mrtpo_state_dict)" if method == "mrtpo_state_dict" else "previous: every rank copies"
+        name = "gather to rank 0 (mrtpo_state_dict)" if method == "mrtpo_state_dict" else "baseline: every rank copies"
         for rank, (baseline, peak) in enumerate(per_rank):
             ratio = (peak - baseline) / model_bytes
             limit = RANK0_LIMIT if rank == 0 else OTHER_LIMIT

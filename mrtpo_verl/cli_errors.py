@@ -22,7 +22,8 @@ EXIT_CODE = 2
 #: Either set to 1 prints the full traceback above the one-line error.
 TRACEBACK_VARIABLES = ("MRTPO_TRACEBACK", "HYDRA_FULL_ERROR")
 OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
-#: verl's ``validate_config`` assertions that do not name the fields they are about → those fields.
+#: verl's ``validate_config`` assertions that do not name the fields they are about → those fields (the texts of
+#: verl 0.9.1's ``verl.utils.config.validate_config``; tests/test_verl_contract_on_cpu.py checks they are still there).
 VERL_CHECK_FIELDS = {
     "real_train_batch_size": (
         "data.train_batch_size × actor_rollout_ref.rollout.n to a multiple of trainer.n_gpus_per_node × trainer.nnodes"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,11 +49,33 @@ def _raw(config: DictConfig, path: str) -> Any:
     return parent._get_node(key)
 
 
-def _expected(default: Any) -> tuple[tuple[type, ...], str] | None:
+def _declared_float(defaults: DictConfig, path: str) -> bool:
+    """Whether verl's dataclass for the field's section (its ``_target_``) declares the field a float.
+
+    verl's yaml writes some float fields with integer defaults (``rollout.top_p: 1``, ``actor.entropy_coeff: 0``);
+    the dataclass says what the field is.
+    """
+    parent_path, _, key = path.rpartition(".")
+    parent = OmegaConf.select(defaults, parent_path, default=None) if parent_path else defaults
+    target = parent.get("_target_") if isinstance(parent, DictConfig) else None
+    if not isinstance(target, str):
+        return False
+    try:
+        from hydra.utils import get_class
+
+        declared = typing.get_type_hints(get_class(target)).get(key)
+    except Exception:  # a target that does not import here: fall back to the default's own type
+        return False
+    return declared is float or float in typing.get_args(declared)
+
+
+def _expected(default: Any, declared_float: bool = False) -> tuple[tuple[type, ...], str] | None:
     if isinstance(default, bool):
         return (bool,), "true | false"
-    if isinstance(default, int):
+    if isinstance(default, int) and not declared_float:
         return (int,), "an integer"
+    if isinstance(default, int):
+        return (int, float), "a number"
     if isinstance(default, float):
         return (int, float), "a number"
     return None
@@ -71,7 +94,8 @@ def check_value_types(config: DictConfig, defaults: DictConfig) -> None:
     for path, default_node in _leaves(defaults):
         if path.split(".", 1)[0] in OWN_BLOCKS or default_node._is_interpolation():
             continue
-        expected = _expected(default_node._value())
+        default = default_node._value()
+        expected = _expected(default, isinstance(default, int) and _declared_float(defaults, path))
         node = _raw(config, path)
         if expected is None or node is _MISSING or node._is_interpolation() or node._is_none():
             continue
@@ -114,7 +138,7 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def check_verl_config(config: DictConfig) -> None:
-    """verl's own start-up checks, as its ``main`` runs them before Ray (batch sizes, micro-batches, …)."""
+    """verl's own start-up checks, as verl 0.9.1's ``main`` runs them before Ray (batch sizes, micro-batches, …)."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 

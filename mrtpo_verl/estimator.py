@@ -1,6 +1,6 @@
 """The ``mrtpo`` advantage estimator, registered in verl's advantage-estimator registry.
 
-Per response j and reward k (SPEC §1):
+Per response j and reward k:
 
 1. ``Â_k^(j)``: group-normalised reward k, computed by verl's own GRPO outcome advantage
    (so unbiased std, its ε, and its singleton-group convention are verl's).
@@ -121,7 +121,7 @@ def group_normalised_rewards(
 def replay_needed(
     rewards: torch.Tensor, index: np.ndarray, epsilon: float, norm_by_std: bool, config: Any
 ) -> torch.Tensor:
-    """Exact skipping (SPEC §1.7): which (response, reward) pairs the replay must score.
+    """Exact skipping: which (response, reward) pairs the replay must score.
 
     Reward k's token weights multiply ``Â_k``; where ``Â_k = 0`` for every response of a group
     (reward k constant in the group) the weights cannot change the advantage, so the pair needs

@@ -49,6 +49,31 @@ def _files(config: DictConfig, field: str) -> list[str]:
     return [str(v) for v in OmegaConf.to_container(value, resolve=True)]  # type: ignore[union-attr]
 
 
+#: verl's RLHFDataset reads these besides parquet (with the datasets library's "json" loader).
+JSON_SUFFIXES = (".json", ".jsonl")
+
+
+def _json_as_parquet(path: Path) -> Any:
+    """A JSON (array or lines) data file as an in-memory ``ParquetFile``, so that one set of checks reads both."""
+    import io
+    import json
+
+    import pyarrow as pa
+    import pyarrow.json as pa_json
+    import pyarrow.parquet as pq
+
+    try:
+        table = pa_json.read_json(path)  # JSON lines
+    except pa.ArrowInvalid:
+        records = json.loads(path.read_text(encoding="utf-8"))  # one JSON array of records
+        if not isinstance(records, list):
+            raise ValueError("expected JSON lines or one JSON array of records") from None
+        table = pa.Table.from_pylist(records)
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return pq.ParquetFile(pa.BufferReader(buffer.getvalue()))
+
+
 def _remote(path: str) -> bool:
     return "://" in path  # hdfs://, s3://: verl copies them at start-up; nothing to check locally
 
@@ -126,7 +151,7 @@ def _reward_function(config: DictConfig) -> dict[str, Any] | None:
 
 
 def check_data_file(config: DictConfig, field: str, path: str, reward: dict[str, Any] | None) -> None:
-    """One data file: exists, parquet, has rows and the columns verl and the reward function read."""
+    """One data file: exists, parquet (or JSON, as verl reads), has rows and the columns verl and the reward reads."""
     if _remote(path):
         return
     import pyarrow.parquet as pq
@@ -139,9 +164,10 @@ def check_data_file(config: DictConfig, field: str, path: str, reward: dict[str,
             "or point the field to a parquet file"
         )
     try:
-        parquet = pq.ParquetFile(local)
+        parquet = pq.ParquetFile(local) if local.suffix not in JSON_SUFFIXES else _json_as_parquet(local)
     except Exception as error:  # pyarrow: ArrowInvalid, OSError, PermissionError, ...
-        raise ConfigMistake(f"{field}: {path!r} is not a readable parquet file ({_short(error)})") from error
+        kind = "JSON" if local.suffix in JSON_SUFFIXES else "parquet"
+        raise ConfigMistake(f"{field}: {path!r} is not a readable {kind} file ({_short(error)})") from error
     if parquet.metadata.num_rows == 0:
         raise ConfigMistake(f"{field}: {path!r} has no rows")
     columns = parquet.schema_arrow.names
@@ -153,7 +179,9 @@ def check_data_file(config: DictConfig, field: str, path: str, reward: dict[str,
                 f"{field}: {path!r} has no column {key!r} ({setting}); columns: {columns}; set {setting} to the "
                 "right column or prepare the data with recipes/data/prepare_<task>.py"
             )
-    if reward is not None and reward.get("path") == "pkg://reward_fns.dispatch":
+    from mrtpo_verl.startup import REWARD_DISPATCH_PATH
+
+    if reward is not None and reward.get("path") == REWARD_DISPATCH_PATH:
         _check_our_reward_columns(field, path, parquet, columns, source_key, reward)
 
 

@@ -48,7 +48,9 @@ def check_colocated_engine(config: DictConfig) -> None:
         )
     for field in ULYSSES_FIELDS:
         size = OmegaConf.select(config, field, default=1)
-        if size is not None and int(size) > 1:
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise MRTPOConfigError(f"{field}: got {size!r} (allowed: an integer ≥ 1)")
+        if size is not None and size > 1:
             raise MRTPOConfigError(
                 f"{field}: {size} with mrtpo.replay.placement=colocated (allowed: 1); the replay's forward passes do "
                 f"not split sequences over a sequence-parallel group — use {DEDICATED}"

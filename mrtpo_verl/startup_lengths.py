@@ -88,7 +88,8 @@ def resolve_replay_settings(config: DictConfig, mrtpo: MRTPOConfig) -> MRTPOConf
             )
     kwargs = replay.chat_template_kwargs
     if kwargs is None:
-        kwargs = _plain_dict(OmegaConf.select(config, "data.apply_chat_template_kwargs", default=None))
+        field = "data.apply_chat_template_kwargs"
+        kwargs = _plain_dict(OmegaConf.select(config, field, default=None), field)
     resolved = dataclasses.replace(replay, max_context_tokens=budget, chat_template_kwargs=kwargs)
     return dataclasses.replace(mrtpo, replay=resolved)
 
@@ -98,14 +99,12 @@ def _verl_lengths(config: DictConfig) -> tuple[int, int]:
     lengths = []
     pairs = (("max_prompt_length", "prompt_length"), ("max_response_length", "response_length"))
     for data_field, rollout_field in pairs:
-        values = [
-            OmegaConf.select(config, f"data.{data_field}", default=None),
-            OmegaConf.select(config, f"actor_rollout_ref.rollout.{rollout_field}", default=None),
-        ]
-        present = [value for value in values if value is not None]
-        for value in present:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise MRTPOConfigError(f"data.{data_field}: got {value!r} (allowed: an integer ≥ 1)")
+        fields = (f"data.{data_field}", f"actor_rollout_ref.rollout.{rollout_field}")
+        named = [(field, OmegaConf.select(config, field, default=None)) for field in fields]
+        present = [value for _, value in named if value is not None]
+        for field, value in named:
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise MRTPOConfigError(f"{field}: got {value!r} (allowed: an integer ≥ 1)")
         if not present:
             raise MRTPOConfigError(
                 f"data.{data_field}: not set (allowed: an integer ≥ 1); the replay's token budget follows it"
@@ -120,7 +119,8 @@ def model_max_positions(config: DictConfig) -> int | None:
     if not path:
         return None
     trust_remote_code = bool(OmegaConf.select(config, "actor_rollout_ref.model.trust_remote_code", default=False))
-    override = _plain_dict(OmegaConf.select(config, "actor_rollout_ref.model.override_config", default=None))
+    field = "actor_rollout_ref.model.override_config"
+    override = _plain_dict(OmegaConf.select(config, field, default=None), field)
     try:
         from transformers import AutoConfig
 
@@ -158,10 +158,10 @@ def _rope_stretch(rope_scaling: Any) -> float:
     return float(factor)
 
 
-def _plain_dict(value: Any) -> dict[str, Any]:
+def _plain_dict(value: Any, field: str) -> dict[str, Any]:
     if value is None:
         return {}
     plain = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
     if not isinstance(plain, dict):
-        raise MRTPOConfigError(f"data.apply_chat_template_kwargs: got {plain!r} (allowed: a mapping)")
+        raise MRTPOConfigError(f"{field}: got {plain!r} (allowed: a mapping)")
     return dict(plain)

@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,20 +258,20 @@ def arguments_for(name: str, inputs: dict[str, Path]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def outcomes(inputs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
-    """Every probe forked (one at a time) while the plain subprocesses run beside them."""
+    """Every probe forked (one at a time), then the plain subprocesses.
+
+    The plain ones run after the forks, not beside them in a thread: a fork while another thread holds a lock
+    (logging, imports) could leave the child waiting forever.
+    """
     work = tmp_path_factory.mktemp("runs")
     env = {key: value for key, value in ENV.items()}
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        plain = {
-            name: pool.submit(subprocess_cli, arguments_for(name, inputs), work / f"plain-{name}", env)
-            for name in SUBPROCESS_PROBES
-        }
-        results = {name: forked_cli(arguments_for(name, inputs), work / name, env) for name in MISTAKES}
-        results["valid"] = forked_cli(valid_overrides(inputs), work / "valid", env)
-        results["traceback"] = forked_cli(
-            arguments_for("beta_above_one", inputs), work / "traceback", {**env, "MRTPO_TRACEBACK": "1"}
-        )
-        results |= {f"plain-{name}": future.result() for name, future in plain.items()}
+    results = {name: forked_cli(arguments_for(name, inputs), work / name, env) for name in MISTAKES}
+    results["valid"] = forked_cli(valid_overrides(inputs), work / "valid", env)
+    results["traceback"] = forked_cli(
+        arguments_for("beta_above_one", inputs), work / "traceback", {**env, "MRTPO_TRACEBACK": "1"}
+    )
+    for name in SUBPROCESS_PROBES:
+        results[f"plain-{name}"] = subprocess_cli(arguments_for(name, inputs), work / f"plain-{name}", env)
     return results
 
 

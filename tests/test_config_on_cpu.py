@@ -158,8 +158,8 @@ OUR_REWARD = (
         ("timeout_s=0", "timeout_s", "positive number of seconds"),
         ("timeout_s=-3", "timeout_s", "positive number of seconds"),
         ("timeout_s=soon", "timeout_s", "positive number of seconds"),
-        ("sandbox_workers=0", "sandbox_workers", "positive integer"),
-        ("sandbox_memory_bytes=1.5", "sandbox_memory_bytes", "positive integer"),
+        ("sandbox_workers=0", "sandbox_workers", "must be an integer ≥ 1"),
+        ("sandbox_memory_bytes=1.5", "sandbox_memory_bytes", "must be an integer ≥ 268435456"),
         ("isolation=thread", "isolation", "unknown isolation 'thread'"),
         ("isolation=inprocess", "isolation", "in-process checks have no deadline"),
     ],
@@ -185,3 +185,46 @@ def test_valid_reward_deadline_settings_pass() -> None:
     overrides = [f"+reward.custom_reward_function.reward_kwargs.{s}" for s in ("timeout_s=2.5", "sandbox_workers=3")]
     cfg = compose_trainer(*MULTI_REWARD_RUN, *OUR_REWARD, *overrides, "algorithm.adv_estimator=grpo")
     assert validate_run_config(cfg) is None
+
+
+def test_value_types_follow_verls_dataclasses_where_the_yaml_writes_an_integer() -> None:
+    """verl's yaml writes ``top_p: 1`` and ``entropy_coeff: 0``; its dataclasses declare them floats."""
+    from mrtpo_verl.cli_errors import ConfigMistake
+    from mrtpo_verl.config_checks import check_value_types
+
+    defaults = compose_trainer()
+    floats = (
+        "actor_rollout_ref.rollout.top_p=0.9",
+        "actor_rollout_ref.actor.entropy_coeff=0.001",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0.6",
+    )
+    check_value_types(compose_trainer(*floats), defaults)
+    with pytest.raises(ConfigMistake, match=r"actor_rollout_ref.rollout.top_p: got 'high' .*allowed: a number"):
+        check_value_types(compose_trainer("actor_rollout_ref.rollout.top_p=high"), defaults)
+    with pytest.raises(ConfigMistake, match=r"data.train_batch_size: got 1.5 .*allowed: an integer"):
+        check_value_types(compose_trainer("data.train_batch_size=1.5"), defaults)
+
+
+def test_the_dry_run_reads_json_data_files_as_verl_does(tmp_path) -> None:
+    """verl's RLHFDataset reads .json/.jsonl besides parquet: the dry run checks them with the same rules."""
+    import json
+
+    from mrtpo_verl.cli_errors import ConfigMistake
+    from mrtpo_verl.run_inputs import check_data_file
+
+    config = compose_trainer(*MULTI_REWARD_RUN)
+    row = {"prompt": [{"role": "user", "content": "hi"}], "data_source": "spider"}
+    lines = tmp_path / "train.jsonl"
+    lines.write_text("\n".join(json.dumps(row) for _ in range(3)) + "\n")
+    array = tmp_path / "train.json"
+    array.write_text(json.dumps([row, row]))
+    for path in (lines, array):
+        check_data_file(config, "data.train_files", str(path), None)
+    no_prompt = tmp_path / "no_prompt.jsonl"
+    no_prompt.write_text(json.dumps({"question": "hi", "data_source": "spider"}) + "\n")
+    with pytest.raises(ConfigMistake, match=r"data.train_files: .* has no column 'prompt'"):
+        check_data_file(config, "data.train_files", str(no_prompt), None)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ConfigMistake, match=r"is not a readable JSON file"):
+        check_data_file(config, "data.train_files", str(broken), None)

@@ -89,3 +89,12 @@ def test_the_gpu_checks_engine_options_compose_on_verls_config(tmp_path) -> None
             field, value = option.lstrip("+").split("=", 1)
             selected = OmegaConf.select(config, field.removeprefix("actor_rollout_ref."))
             assert str(selected).lower() == value.lower(), option
+
+
+def test_a_sequence_parallel_size_that_is_not_an_integer_is_one_line() -> None:
+    from mrtpo_verl.startup import validate_run_config
+
+    overrides = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=two",)
+    expected = r"ulysses_sequence_parallel_size: got 'two' \(allowed: an integer ≥ 1\)"
+    with pytest.raises(MRTPOConfigError, match=expected):
+        validate_run_config(compose_trainer(*MULTI_REWARD_RUN, *overrides))

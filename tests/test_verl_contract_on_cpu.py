@@ -98,3 +98,28 @@ def test_our_whitening_formula_equals_verls_masked_whiten() -> None:
         mask = (torch.rand(8, 13, generator=generator) > 0.3).float()
         mean, variance = verl_F.masked_mean(values, mask), verl_F.masked_var(values, mask)
         assert torch.equal(whiten_with_statistics(values, mean, variance), verl_F.masked_whiten(values, mask))
+
+
+def test_fsdp_engine_details_the_replay_and_the_weight_gather_use() -> None:
+    """verl 0.9.1's FSDP engine: the names mrtpo_verl.workers (weight_gather, actor_worker) and the colocated runner
+    rely on. A rename upstream would otherwise fall back silently (LoRA) or use no autocast (bf16)."""
+    from verl.utils import model as verl_model
+    from verl.workers.engine.fsdp import transformer_impl
+
+    engine = transformer_impl.FSDPEngine
+    source = inspect.getsource(transformer_impl)
+    assert "self._autocast_dtype = param_dtype" in source, "actor_worker reads FSDPEngine._autocast_dtype"
+    assert "self._qat_enabled =" in source, "weight_gather routes QAT through verl's export"
+    for name in ("get_per_tensor_param", "_merged_lora_per_tensor_param"):
+        assert callable(getattr(engine, name, None)), f"weight_gather._verl_export calls FSDPEngine.{name}"
+    assert callable(verl_model.convert_weight_keys), "weight_gather names tensors with verl's convert_weight_keys"
+
+
+def test_validate_config_still_asserts_the_texts_cli_errors_maps_to_fields() -> None:
+    from verl.utils import config as verl_config
+
+    from mrtpo_verl.cli_errors import VERL_CHECK_FIELDS
+
+    source = inspect.getsource(verl_config.validate_config)
+    for text in VERL_CHECK_FIELDS:
+        assert text in source, f"cli_errors.VERL_CHECK_FIELDS: verl's validate_config no longer says {text!r}"

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.learning.arms import ARMS, check_arms
-from benchmarks.learning.overrides import run_env, run_overrides
+from benchmarks.learning.overrides import GPU_ROLLOUTS, run_env, run_overrides
 from benchmarks.learning.presets import PRESETS, Preset, preset
 from benchmarks.learning.records import step_records
 from benchmarks.learning.report import Comparison, write_report
-from benchmarks.learning.runner import finish_run, read_records, run_dir, run_is_done, run_trainer
+from benchmarks.learning.runner import RunFailed, finish_run, read_records, run_dir, run_is_done, run_trainer
 from benchmarks.learning.tasks import RECIPE_FAMILIES, Task, build_demo_task, recipe_task
 from benchmarks.machine import machine_description
 
@@ -88,6 +88,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def settings(args: argparse.Namespace) -> Preset:
+    try:
+        arms = check_arms(args.arms) if args.arms else None
+    except ValueError as error:
+        raise SystemExit(f"error: --arms: {error}") from None
     chosen = preset(args.preset).with_options(
         steps=args.steps,
         test_freq=args.test_freq,
@@ -105,16 +109,27 @@ def settings(args: argparse.Namespace) -> Preset:
         gpu_memory_utilization=args.gpu_memory_utilization,
         rollout=args.rollout,
         seeds=tuple(args.seeds) if args.seeds else None,
-        arms=check_arms(args.arms) if args.arms else None,
+        arms=arms,
         extra=(*preset(args.preset).extra, *args.override) if args.override else None,
     )
     problems = [
         f"--{name.replace('_', '-')} must be at least {low}, got {getattr(chosen, name)}"
-        for name, low in (("steps", 1), ("batch_size", 1), ("n", 2), ("response_length", 1), ("val_prompts", 1))
+        for name, low in (
+            ("steps", 1),
+            ("batch_size", 1),
+            ("n", 2),
+            ("response_length", 1),
+            ("train_prompts", 1),
+            ("val_prompts", 1),
+        )
         if getattr(chosen, name) < low
     ]
     if chosen.test_freq < 1:
         problems.append(f"--test-freq must be at least 1 (evaluation is the point), got {chosen.test_freq}")
+    rollouts = ("hf",) if chosen.device == "cpu" else GPU_ROLLOUTS
+    if chosen.rollout not in rollouts:
+        allowed = " | ".join(rollouts)
+        problems.append(f"--rollout {chosen.rollout!r} with the {chosen.device} preset (allowed: {allowed})")
     if len(set(chosen.seeds)) != len(chosen.seeds):
         problems.append(f"--seeds repeats a seed: {list(chosen.seeds)}")
     if problems:
@@ -157,7 +172,10 @@ def prepare_task(args: argparse.Namespace, chosen: Preset, out: Path, model: Pat
             raise SystemExit(
                 "error: --train-file/--val-file/--data-dir/--reward-keys need --recipe (the reward family)"
             )
-        return build_demo_task(out / "task", model, chosen.train_prompts, chosen.val_prompts)
+        try:
+            return build_demo_task(out / "task", model, chosen.train_prompts, chosen.val_prompts)
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from None
     data_dir = args.data_dir or Path.home() / "data" / "mrtpo" / args.recipe
     try:
         return recipe_task(
@@ -170,7 +188,7 @@ def prepare_task(args: argparse.Namespace, chosen: Preset, out: Path, model: Pat
             args.max_constraints,
             args.reward_keys,
         )
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ValueError, KeyError) as error:  # KeyError: a column the task reads is missing
         raise SystemExit(f"error: {error}") from None
 
 
@@ -254,6 +272,10 @@ def stop_on_sigterm(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     args = parse_args(argv)
+    try:  # the report's plots: fail now, not after the first hour of training
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit("error: benchmarks.learning draws its plots with matplotlib: pip install matplotlib") from None
     args.argv = list(sys.argv[1:] if argv is None else argv)
     chosen = settings(args)
     out = (args.out or REPO / "learning_out" / chosen.name).resolve()
@@ -265,6 +287,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = prepare_model(args, chosen, out)
     task = prepare_task(args, chosen, out, model)
     check_plan_file(out, "task", task.describe())
+    unknown_thresholds = sorted(set(args.thresholds) - set(task.reward_keys))
+    if unknown_thresholds:
+        rewards = list(task.reward_keys)
+        raise SystemExit(f"error: --threshold for {unknown_thresholds}: the task's rewards are {rewards}")
     plan_record = as_stored({"settings": settings_record, "task": task.describe()})
     (out / "plan.json").write_text(json.dumps(plan_record, indent=1))
     plan = interleaved_plan(chosen.arms, chosen.seeds)
@@ -273,7 +299,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         dry_run(chosen, task, model, out)
         return
     if not args.report_only:
-        run_plan(out, report_path, chosen, task, model, plan, args)
+        try:
+            run_plan(out, report_path, chosen, task, model, plan, args)
+        except RunFailed as failed:
+            raise SystemExit(f"error: {failed}") from None
     report(out, report_path, chosen, task, plan, args)
     print(f"report: {report_path}", flush=True)
 

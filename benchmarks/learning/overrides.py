@@ -6,7 +6,7 @@ learning rate, the PPO batch sizes, KL settings, evaluation and checkpointing. E
 ``val_kwargs`` temperature 0 with one response per prompt (``do_sample=false``), so an evaluation
 measures the policy, not the sampler's luck. The shared sampler seed does not make two runs sample
 the same responses on the CPU backend: its ``hf`` rollout serves requests in arrival order, which
-varies (two arms' first batches differed in a CPU run), so arms differ by sampling noise from step 1.
+varies, so arms differ by sampling noise from step 1.
 
 CPU: verl's trainer on :mod:`mrtpo_verl.cpu_support` (:func:`mrtpo_verl.cpu_support.launch.cpu_overrides`:
 FSDP2 on gloo in fp32, the ``hf`` rollout). GPU: one node of ``n_gpus`` GPUs with verl's vLLM or
@@ -138,8 +138,8 @@ def run_env(preset: Preset) -> dict[str, str]:
     ``/tmp/ray/ray_current_cluster``), and then refuses the run's ``num_cpus``/``num_gpus``.
 
     On CPU, Ray's memory monitor is off: it kills a cluster's workers when the *machine's* memory use
-    passes 95%, so on a shared machine other processes' memory stopped runs' rollout workers and the
-    run waited for them until its time limit. The kernel's OOM killer still guards the machine.
+    passes 95%, so on a shared machine other processes' memory can stop a run's rollout workers and the
+    run then waits for them until its time limit. The kernel's OOM killer still guards the machine.
     """
     if preset.device == "cpu":
         from mrtpo_verl.cpu_support.launch import CPU_ENV

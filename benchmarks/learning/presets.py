@@ -84,9 +84,9 @@ PRESETS: dict[str, Preset] = {
         run_timeout_s=600,
     ),
     # The full SmolLM2-135M-Instruct on 2 shared CPU cores: 3 arms x 2 seeds x 5 steps, evaluated after
-    # every step, sized for about 75 minutes there (a step took 70-90 s, an evaluation of 12 prompts
-    # 30-50 s, start-up about 2 minutes). At lr 5e-5 a first GDPO run met both instructions on every
-    # evaluation prompt by step 4 (from 0% and 8%), so the comparison is about how fast, step by step.
+    # every step, sized for about 75 minutes there (a step takes 70-90 s, an evaluation of 12 prompts
+    # 30-50 s, start-up about 2 minutes). At lr 5e-5 GDPO meets both instructions on every evaluation
+    # prompt within about 4 steps (from 0% and 8%), so the comparison is about how fast, step by step.
     "cpu": Preset(
         name="cpu",
         device="cpu",

@@ -6,10 +6,9 @@ IFEval instructions in IFEval's own wording. The instruction-following verifier 
 instruction as its own reward (``if_c0``, ``if_c1``), so the two rewards' evidence sits on different
 tokens: one of three fixed answers ("My answer is yes." ...) that opens the response, and a
 postscript starting with "P.S." that closes it. Both fit in a few tokens, so responses can be short,
-and SmolLM2-135M-Instruct meets each in a minority of its sampled answers (measured while choosing:
-about 25% and 38% of 48 samples at temperature 1, 32 tokens), so both can be learnt. IFEval's title
-instruction was tried first and dropped: greedy answers met it on every evaluation prompt before any
-training.
+and SmolLM2-135M-Instruct meets each in a minority of its sampled answers (about 25% and 38% of 48
+samples at temperature 1, 32 tokens), so both can be learnt. IFEval's title instruction is not used:
+greedy answers meet it on every evaluation prompt before any training.
 Records are written in IFEval's schema and converted by the recipes' own
 ``recipes/data/prepare_instruction_following.py``, exactly as a user's ``.jsonl`` would be. Train and
 evaluation questions are disjoint.

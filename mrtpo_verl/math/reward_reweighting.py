@@ -1,4 +1,4 @@
-"""Optional response-level reward reweighting that composes with MRTPO (SPEC §1.8).
+"""Optional response-level reward reweighting that composes with MRTPO.
 
 ``saw`` (ours, after the SAW idea of weighting rewards by their batch coefficient of variation):
 

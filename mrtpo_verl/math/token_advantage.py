@@ -3,7 +3,7 @@
     A_t^(j) = Σ_k c_k · w_{k,t}^(j) · Â_k^(j)
 
 followed by batch whitening with the statistics of the *uniform* sum ``Σ_k c_k · Â_k^(j)``
-(SPEC §1.6): with every weight 1 the result is GDPO's, bit for bit.
+with every weight 1 the result is GDPO's, bit for bit.
 """
 
 from __future__ import annotations

@@ -151,9 +151,10 @@ def relevance_for_request(
     # with no work still has to run the idle passes that keep it in step with the others.
     result = scorer.score(built, needed[rows], response_length=response_length)
     relevance = torch.zeros(len(request), needed.shape[1], response_length)
+    scored = result.relevance.float().cpu()  # one device-to-host copy for the whole request
     for index, row in enumerate(rows):
         # The scorer fills the first T columns of its output, T = tokens replayed; they go back to theirs.
-        relevance[row][:, columns[row]] = result.relevance[index, :, : len(columns[row])].float().cpu()
+        relevance[row][:, columns[row]] = scored[index, :, : len(columns[row])]
     relevance *= response_mask[:, None, :]
     counts = [
         result.stats.forward_passes,

@@ -292,6 +292,7 @@ class ShardedModelRunner(ModelRunner):
         # The root's own forward (possibly verl's fused-kernel forward, which needs return_dict and computes
         # log-probs over every position) is replaced for this call, on this instance only, by the decoder's: FSDP's
         # hooks are module hooks, so they run exactly as for verl's own call, and no LM head runs at all.
+        instance_forward = self.model.__dict__.get("forward")
         self.model.forward = decoder_only
         self._stage = _Stage.IN_FORWARD
         try:
@@ -303,7 +304,10 @@ class ShardedModelRunner(ModelRunner):
                 use_cache=use_cache,
             )
         finally:
-            del self.model.forward
+            if instance_forward is None:
+                del self.model.forward
+            else:
+                self.model.forward = instance_forward
         self._stage = _Stage.SCORING
         if len(calls) != 1:
             raise RuntimeError(f"colocated replay: the decoder ran {len(calls)} times in one forward pass, not once")
@@ -401,6 +405,7 @@ class ShardedModelRunner(ModelRunner):
             self._stage = _Stage.IN_FORWARD  # an all-gather: a failure inside it cannot be sent
             owner.unshard()
             self._stage = _Stage.SCORING
+        # As verl 0.9.1's FSDPEngineWithLMHead.forward_step: autocast to the engine's ``_autocast_dtype``.
         autocast = (
             torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
             if self.autocast_dtype not in (None, torch.float32)

@@ -119,13 +119,6 @@ class MRTPOStep:
             if ours is not None:
                 self.role_worker_mapping[role] = ray.remote(ours)  # type: ignore[attr-defined]
 
-    def mrtpo_actor_state_dict(self) -> dict[str, Any]:
-        """The actor's current full weights (for the dedicated replay placement's weight sync)."""
-        weights = [w for w in self.actor_rollout_wg.mrtpo_state_dict() if w is not None]
-        if len(weights) != 1:
-            raise RuntimeError(f"mrtpo: expected the actor's weights from exactly one rank, got {len(weights)}")
-        return weights[0]
-
     def on_init_end(self) -> None:
         super().on_init_end()  # type: ignore[misc]
         self.attach_mrtpo()

@@ -33,7 +33,8 @@ MRTPO_BLOCK_META_KEY = "mrtpo_block"
 
 
 def _engine_device() -> torch.device:
-    """The device verl's engine moves each micro-batch to (``get_device_id()`` of its platform)."""
+    """The device verl's engine moves each micro-batch to (``get_device_id()`` of its platform, as verl 0.9.1's
+    ``forward_step`` does)."""
     from verl.utils.device import get_device_id, get_device_name
 
     name = get_device_name()

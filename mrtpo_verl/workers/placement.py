@@ -98,12 +98,14 @@ def dead_workers(group: RayWorkerGroup, timeout_s: float = 10.0) -> list[str]:
     (the process died, or cannot be reached) count.
     """
     names = list(getattr(group, "worker_names", None) or [f"worker {rank}" for rank in range(len(group.workers))])
+    calls = [handle.__ray_ready__.remote() for handle in group.workers]  # Ray's own liveness call on every actor
+    answered, _ = ray.wait(calls, num_returns=len(calls), timeout=timeout_s)  # the busy ones stay unanswered
     dead = []
-    for rank, (name, handle) in enumerate(zip(names, group.workers, strict=False)):
-        try:
-            ray.get(handle.__ray_ready__.remote(), timeout=timeout_s)  # Ray's own liveness call on every actor
-        except ray.exceptions.GetTimeoutError:
+    for rank, (name, call) in enumerate(zip(names, calls, strict=False)):
+        if call not in answered:
             continue
+        try:
+            ray.get(call)
         except Exception:  # ActorDiedError, ActorUnavailableError, ...: the worker cannot answer
             dead.append(f"{name} (rank {rank})")
     return dead
@@ -216,7 +218,8 @@ def workers_per_node(workers: int, nnodes: int) -> list[int]:
 
 
 def actor_compute_dtype(config: Any) -> str:
-    """The dtype the actor's forward computes in: its FSDP mixed-precision ``param_dtype`` (verl's default bf16)."""
+    """The dtype the actor's forward computes in: its FSDP mixed-precision ``param_dtype``, defaulting to bf16 as
+    verl 0.9.1's ``FSDPEngine._build_fsdp_module`` does."""
     from verl.utils.torch_dtypes import PrecisionType
 
     from mrtpo_verl.workers.weight_gather import DTYPES

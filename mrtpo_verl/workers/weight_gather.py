@@ -15,7 +15,9 @@ tied LM head) are moved once and kept under every name.
 
 Other layouts — HSDP's two-dimensional mesh, another shard placement, LoRA adapters (verl merges them into the
 base weights), FSDP1, QAT — go through verl's export, and the ranks other than 0 drop each gathered tensor at once.
-Packed MoE expert tensors are joined on rank 0 and split by verl's ``unfuse_moe_params``, as verl does.
+Packed MoE expert tensors stay packed under their module's name, as the replay worker's transformers model holds
+them. verl's export (the other layouts) splits them per expert for vLLM, so a MoE model on one of those layouts
+cannot feed the dedicated pool: its first weight load names the unexpected keys.
 """
 
 from __future__ import annotations
@@ -96,17 +98,12 @@ def gather_weights_to_rank0(
             for _block in blocks:
                 pass
         return None
-    from verl.workers.engine.fsdp.utils import unfuse_moe_params
-
-    model_type = getattr(getattr(engine.model_config, "hf_config", None), "model_type", None)
+    # Every tensor keeps its module's name, packed MoE experts included: the replay worker loads the same
+    # transformers model class, not a vLLM checkpoint layout.
     kept: dict[str, Any] = {}
     for name, blocks in pairs:
         if isinstance(blocks, str):  # a tied parameter already kept under that name
             kept[name] = kept[blocks]
-        elif ".experts." in name:  # packed MoE experts: verl splits the whole tensor
-            full = torch.cat([block.detach().to("cpu", dtype) for block in blocks])
-            for hf_name, expert in unfuse_moe_params([(name, full)], model_type):
-                kept[hf_name] = keep([expert.contiguous()]) if keep is not None else expert
         else:
             on_cpu = (block.detach().to("cpu", dtype) for block in blocks)  # no copy when already so
             kept[name] = keep(on_cpu) if keep is not None else torch.cat(list(on_cpu))

@@ -4,7 +4,7 @@
 # evaluation every few steps; report with a plot per reward (python -m benchmarks.learning).
 #
 #   bash recipes/learning/compare.sh                                  # CPU preset, the built demo task
-#   PRESET=gpu bash recipes/learning/compare.sh                       # one GPU, vLLM rollout, ~8 min
+#   PRESET=gpu bash recipes/learning/compare.sh                       # one GPU, vLLM rollout, aimed at 8 min
 #   PRESET=gpu ROLLOUT=sglang MODEL_PATH=/models/qwen bash recipes/learning/compare.sh
 #   RECIPE=instruction_following DATA_DIR=~/data/mrtpo/instruction_following bash recipes/learning/compare.sh
 #   SEEDS="0 1 2 3" ARMS="gdpo mrtpo" bash recipes/learning/compare.sh --steps 20

@@ -148,7 +148,6 @@ def compute_score(
     """
     settings = DeadlineSettings.from_kwargs(timeout_s, isolation, sandbox_workers, sandbox_memory_bytes)
     prompt_constraints = parse_ground_truth(ground_truth)
-    reward_keys(max_constraints)  # a bad slot count is a setting error, raised before any work
     plain = {
         "instruction_id_list": [constraint.instruction_id for constraint in prompt_constraints.constraints],
         "kwargs": [dict(constraint.kwargs) for constraint in prompt_constraints.constraints],

@@ -21,13 +21,29 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from reward_fns.process_pool.pool import DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_WORKERS, shared_pool
+from reward_fns.process_pool.pool import (
+    DEFAULT_MEMORY_LIMIT_BYTES,
+    DEFAULT_WORKERS,
+    MAX_TIMEOUT_S,
+    MIN_MEMORY_LIMIT_BYTES,
+    shared_pool,
+)
 from reward_fns.total import RewardConfigError
 
 DEFAULT_TIMEOUT_S = 5.0
 """The deadline of every family (text-to-SQL's query deadline has the same default)."""
 
 ISOLATION_MODES: tuple[str, ...] = ("process", "inprocess")
+
+
+def check_pool_settings(workers: Any, memory_limit_bytes: Any, family: str) -> None:
+    """Raises RewardConfigError unless both are integers the pool accepts (`family` prefixes the message)."""
+    for name, value, least in (
+        ("sandbox_workers", workers, 1),
+        ("sandbox_memory_bytes", memory_limit_bytes, MIN_MEMORY_LIMIT_BYTES),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise RewardConfigError(f"{family}{name} must be an integer ≥ {least}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -47,13 +63,16 @@ class DeadlineSettings:
         if self.isolation not in ISOLATION_MODES:
             raise RewardConfigError(f"unknown isolation {self.isolation!r}; expected one of {ISOLATION_MODES}")
         timeout = self.timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
-            raise RewardConfigError(f"timeout_s must be a positive number of seconds, got {timeout!r}")
-        if timeout <= 0:
-            raise RewardConfigError(f"timeout_s must be a positive number of seconds, got {timeout!r}")
-        for name, value in (("sandbox_workers", self.workers), ("sandbox_memory_bytes", self.memory_limit_bytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise RewardConfigError(f"{name} must be a positive integer, got {value!r}")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or not 0 < timeout <= MAX_TIMEOUT_S
+        ):
+            raise RewardConfigError(
+                f"timeout_s must be a positive number of seconds up to {MAX_TIMEOUT_S:g}, got {timeout!r}"
+            )
+        check_pool_settings(self.workers, self.memory_limit_bytes, "")
 
     @classmethod
     def from_kwargs(

@@ -78,6 +78,10 @@ DEFAULT_WORKERS = default_workers()
 # Python with sqlite3 and sqlglot maps about 300 MB of address space before any query runs;
 # with the instruction-following checkers' libraries (nltk, langdetect, ...) about 500 MB.
 DEFAULT_MEMORY_LIMIT_BYTES = 1024**3
+# Below this a worker cannot even import its libraries.
+MIN_MEMORY_LIMIT_BYTES = 256 * 1024**2
+# The longest deadline accepted (one day); select.poll cannot wait much longer than 2**31 ms.
+MAX_TIMEOUT_S = 86_400.0
 # A worker that cannot start is retried this many times in a row before the pool gives up.
 START_ATTEMPTS = 3
 # Workers that die on their own (not killed at a deadline) this many times in a row, with no
@@ -271,7 +275,7 @@ class WorkerPool:
     ) -> None:
         if size < 1:
             raise ValueError(f"a {label} worker pool needs at least 1 worker; got size={size}")
-        if memory_limit_bytes < 256 * 1024**2:
+        if memory_limit_bytes < MIN_MEMORY_LIMIT_BYTES:
             raise ValueError(f"{label} worker memory limit {memory_limit_bytes} bytes is below the 256 MiB minimum")
         self.tasks_module = tasks_module
         self.label = label
@@ -319,6 +323,7 @@ class WorkerPool:
         """
         # The worker stops the task itself just past the deadline and stays warm; the kill below is
         # the backstop for a task stuck where its timer cannot reach it (one long C call).
+        timeout_s = float(timeout_s)  # plain data in the request (a numpy scalar would not decode in the worker)
         in_worker_deadline = timeout_s + IN_WORKER_DEADLINE_DELAY_S if self.timer_in_worker else None
         request = encode_frame((task_name, kwargs, in_worker_deadline))
         worker = self._acquire()

@@ -28,7 +28,7 @@ class PlainDataUnpickler(pickle.Unpickler):
     """Unpickles plain data only: any reference to a class or function is an error."""
 
     def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused to load {module}.{name}: SQL worker replies are plain data only")
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}: worker frames are plain data only")
 
 
 def encode_frame(message: Any) -> bytes:

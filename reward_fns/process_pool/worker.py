@@ -112,7 +112,12 @@ def serve(tasks: Mapping[str, Callable[..., Any]], requests: BinaryIO, replies: 
         body = _read_exactly(requests, HEADER.unpack(header)[0])
         if body is None:
             return
-        replies.write(encode_frame(_answer(tasks, decode_body(body))))
+        try:
+            request = decode_body(body)
+        except Exception as error:  # a request that is not plain data is answered, never fatal to the worker
+            replies.write(encode_frame(("error", f"unreadable request: {type(error).__name__}: {error}")))
+        else:
+            replies.write(encode_frame(_answer(tasks, request)))
         replies.flush()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from reward_fns.process_pool.deadline import check_pool_settings
 from reward_fns.process_pool.pool import DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_WORKERS, WorkerFailure, shared_pool
 from reward_fns.text_to_sql.sql_tasks import TASKS
 from reward_fns.total import RewardConfigError
@@ -39,9 +40,7 @@ class Isolation:
     def __post_init__(self) -> None:
         if self.mode not in ISOLATION_MODES:
             raise RewardConfigError(f"unknown text-to-SQL isolation {self.mode!r}; expected one of {ISOLATION_MODES}")
-        for name, value in (("sandbox_workers", self.workers), ("sandbox_memory_bytes", self.memory_limit_bytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise RewardConfigError(f"text-to-SQL {name} must be a positive integer, got {value!r}")
+        check_pool_settings(self.workers, self.memory_limit_bytes, "text-to-SQL ")
 
     def run(self, task_name: str, kwargs: dict[str, Any], timeout_s: float) -> Any:
         """Runs a task of `sql_tasks.TASKS` and returns its value.

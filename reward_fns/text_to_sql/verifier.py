@@ -238,6 +238,7 @@ def _check_response(
         ExtractedQuery(sql=fields["sql"], problem=fields["problem"], tables=tables),
         predicted=_query_result(fields) if fields["sql"] is not None else None,
         execution_error=fields["error"],
+        timed_out=fields["error_kind"] == "timeout",  # SQLite's progress handler stopped it at the deadline
     )
 
 

@@ -13,7 +13,7 @@ def test_primer_worked_example() -> None:
 
     Computed exactly, q̄ = 0.10 and w = 0.5 + 0.5 · q / q̄ = (1.15, 1.00, 0.85) with mean 1. The
     primer prints (1.15, 1.05, 0.85): its middle figure comes from an unrounded q₂ ≈ 0.11 that it
-    shows as 0.10 (SPEC: "mean 1.02 there only because the primer rounds"); the outer two agree.
+    shows as 0.10 (the primer rounds its mean to 1.02); the outer two agree.
     """
     relevance = torch.tensor([[[0.13, 0.10, 0.07]]])
     weights = token_weights(relevance, torch.ones(1, 3), beta=0.5)

@@ -1,8 +1,8 @@
-"""Localisation on a real model (issue 4, item 6): each reward's replay distance falls on what its verifier reads.
+"""Localisation on a real model: each reward's replay distance falls on what its verifier reads.
 
 Hand-made responses of each task family are scored by the REAL verifiers (``reward_fns.dispatch.compute_score``,
 as in training) for their verifier information, replayed with SmolLM2-135M-Instruct through
-``ReplayContextBuilder`` and ``ReplayScorer`` (every pair needed), and checked against the issue's criterion
+``ReplayContextBuilder`` and ``ReplayScorer`` (every pair needed), and checked against the localisation criterion
 on the part each verifier reads: the paper's Table 4 ratio (share of the reward's distance on the part /
 share of tokens; uniform = 1) is above 1 and at least twice every other reward's ratio on that part.
 
@@ -96,7 +96,7 @@ def test_token_char_spans_tile_the_decoded_replayed_ids(smollm2: tuple[Any, Any]
     assert tokenizer.decode([i for i, keep in zip(ids, tag.tolist(), strict=True) if keep]) == "<tool_call>"
 
 
-# --- the issue's criterion on the real model --------------------------------------------------------------
+# --- the localisation criterion on the real model --------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

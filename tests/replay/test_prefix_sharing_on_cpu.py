@@ -1,4 +1,4 @@
-"""Prefix sharing (issue 12): the shared replay equals the unshared one on the real SmolLM2-135M-Instruct.
+"""Prefix sharing: the shared replay equals the unshared one on the real SmolLM2-135M-Instruct.
 
 Batches are real prompts of the three task families (the demo's: Spider with its schema, BFCL v4 with its
 function documentation, IFEval), two prompts of different lengths per family and two short responses per

@@ -11,6 +11,8 @@ import torch
 from benchmarks.replay_numerics import EXTRA_PADDING, FamilyNumerics, agreement, noise_floor, report
 from mrtpo_verl.replay.contexts import ReplayContexts
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def full_sequences(replay_items: list[ReplayContexts]) -> tuple[list[list[int]], list[int]]:

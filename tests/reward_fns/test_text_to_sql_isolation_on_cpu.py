@@ -28,7 +28,7 @@ from reward_fns.text_to_sql.isolation import TASKS_MODULE, Isolation
 from reward_fns.total import RewardConfigError
 
 DEADLINE_S = 1.0
-# The bound: a hostile response costs at most its deadline plus half a second.
+# A hostile response costs at most its deadline plus half a second.
 WALL_MARGIN_S = 0.5
 NUMERIC_KEYS = {"score", *REWARD_KEYS}
 INFO_KEYS = {f"{key}_info" for key in REWARD_KEYS}
@@ -135,6 +135,9 @@ def test_hostile_response_scores_zero_within_its_deadline_and_the_pool_keeps_ans
     assert rss_bytes() - parent_rss < 64 * 1024**2
     assert fingerprint(world_copy.parent) == before
     assert sorted(path.name for path in tmp_path.iterdir()) == ["db"]
+    # Stopped at the deadline, whether by SQLite's progress handler or by the parent's kill: counted as a timeout.
+    stopped_at_deadline = "timed out" in reason or "deadline" in reason
+    assert result["reward/text_to_sql/timeouts"] == (1.0 if stopped_at_deadline else 0.0), name
     assert score(fenced("SELECT count(*) FROM city"), world_copy)["score"] == 1.0
 
 

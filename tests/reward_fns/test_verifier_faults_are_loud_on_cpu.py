@@ -135,3 +135,27 @@ def test_a_hostile_response_is_not_a_fault_of_the_pool() -> None:
         result = dispatch.compute_score("spider", bomb, truth, {}, timeout_s=0.2, sandbox_workers=2)
         assert result["score"] == 0.0 and result["reward/text_to_sql/timeouts"] == 1.0
     assert process_pool.shared_pool(SQL_TASKS, 2, label="SQL").kills == process_pool.MAX_DEATHS_IN_A_ROW + 1
+
+
+def test_a_request_the_worker_cannot_read_is_answered_and_the_worker_stays() -> None:
+    """A numpy scalar in a request is refused by the worker's plain-data reader: an error reply, not a death."""
+    import numpy as np
+
+    pool = WorkerPool(SQL_TASKS, size=1, label="SQL", timer_in_worker=False)
+    database = str(next(BUNDLED_DB_ROOT.rglob("*.sqlite")))
+    try:
+        with pytest.raises(process_pool.WorkerFailure, match="unreadable request"):
+            pool.call("table_definitions", {"db_path": database, "extra": np.int64(1)}, 5.0)
+        before = pool.worker_pids()
+        assert isinstance(pool.call("table_definitions", {"db_path": database}, np.float64(5.0)), dict)
+        assert pool.worker_pids() == before and pool.kills == 0
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize(("setting", "value"), [("timeout_s", 1e9), ("sandbox_memory_bytes", 1024**2)])
+def test_settings_the_pool_cannot_honour_are_refused(setting: str, value: Any) -> None:
+    from reward_fns.process_pool.deadline import DeadlineSettings
+
+    with pytest.raises(total.RewardConfigError, match=setting):
+        DeadlineSettings.from_kwargs(**{setting: value})

@@ -206,7 +206,7 @@ def test_upstream_method_we_follow_is_unchanged() -> None:
 
 
 def test_verls_own_v1_trainer_cannot_run_gdpo(transfer_queue) -> None:
-    """SPEC §4: the default trainer's advantage step builds a batch without gdpo's inputs."""
+    """The default trainer's advantage step builds a batch without gdpo's inputs."""
     meta, _ = put_batch("verl-gdpo")
     with pytest.raises(KeyError, match="prompts"):
         bare_trainer(PPOTrainerSync, "gdpo")._compute_advantage(meta, {})
