@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import Row, time_interleaved
+from benchmarks.machine import Row, milliseconds, time_interleaved
 from benchmarks.machine import machine_description as shared_machine_description
 from mrtpo_verl.math import relevance
 from mrtpo_verl.math.relevance import js_distance, js_distance_one_to_many
@@ -42,10 +42,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def machine_description(argv: list[str]) -> list[str]:
     return shared_machine_description("benchmarks.js_relevance", argv, "")
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.2f} ms"
 
 
 def make_logits(n_tokens: int, vocab: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,18 +83,20 @@ def speed_rows(n_tokens: int, vocab: int, dtype_name: str, repeats: int) -> list
         repeats,
     )
     setting = f"{n_tokens:,} x {vocab:,} {dtype_name}"
-    js_ms = _ms(median["js"])
+    js_ms = milliseconds(median["js"])
     return [
         Row(
             "speed",
             setting,
             js_ms,
-            _ms(median["logsumexp"]),
+            milliseconds(median["logsumexp"]),
             "logsumexp floor",
             f"{median['js'] / median['logsumexp']:.2f}x",
         ),
-        Row("speed", setting, js_ms, _ms(median["exp"]), "exp floor", f"{median['js'] / median['exp']:.2f}x"),
-        Row("speed", setting, js_ms, _ms(median["read"]), "read pass", f"{median['js'] / median['read']:.1f}x"),
+        Row("speed", setting, js_ms, milliseconds(median["exp"]), "exp floor", f"{median['js'] / median['exp']:.2f}x"),
+        Row(
+            "speed", setting, js_ms, milliseconds(median["read"]), "read pass", f"{median['js'] / median['read']:.1f}x"
+        ),
     ]
 
 
@@ -177,8 +175,8 @@ def one_to_many_row(logits_full: torch.Tensor, k: int, repeats: int, generator: 
     return Row(
         "one-to-many",
         f"K={k}, {n_tokens:,} x {vocab:,} bf16",
-        _ms(median["one_to_many"]),
-        _ms(median["separate"]),
+        milliseconds(median["one_to_many"]),
+        milliseconds(median["separate"]),
         f"{k} js_distance calls",
         f"{median['separate'] / median['one_to_many']:.2f}x faster",
     )

@@ -56,3 +56,8 @@ def time_interleaved(
             function()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def milliseconds(seconds: float) -> str:
+    """``1,234 ms`` from 0.1 s up, ``12.34 ms`` below."""
+    return f"{seconds * 1e3:,.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.2f} ms"

@@ -45,8 +45,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.machine import Row, time_interleaved
+from benchmarks.machine import Row, milliseconds, time_interleaved
 from benchmarks.machine import machine_description as shared_machine_description
+from benchmarks.verl_reference import verl_old_log_probs
 from mrtpo_verl.replay.scorer import ReplayScorer
 
 LATEST = Path(__file__).with_name("replay_cost_latest.md")
@@ -66,10 +67,6 @@ def machine_description(argv: list[str]) -> list[str]:
     return shared_machine_description(
         "benchmarks.replay_cost", argv, "model SmolLM2-135M-Instruct (embedded, float32); "
     )
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.2f} ms"
 
 
 def line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
@@ -102,19 +99,6 @@ def synthetic_items(
         leave_one_out = tuple(full[: prompt_length - changed] + tokens(changed) for _ in range(num_rewards))
         items.append(SyntheticItem(full, leave_one_out, tokens(response_length)))
     return items
-
-
-def verl_old_log_probs(model: Any, input_ids: torch.Tensor, response_length: int) -> torch.Tensor:
-    """What verl's actor does for old log-probs: full forward, logits / τ, log-probs of the response tokens."""
-    from verl.utils.torch_functional import logprobs_from_logits
-
-    attention_mask = torch.ones_like(input_ids)
-    position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
-    with torch.inference_mode():
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-        logits.div_(1.0)
-        logits = logits[:, -response_length - 1 : -1, :]
-        return logprobs_from_logits(logits, input_ids[:, -response_length:])
 
 
 def decoder_only(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
@@ -152,8 +136,8 @@ def per_pass_rows(
             Row(
                 "replay cost per forward pass",
                 f"{setting}, K={k} ({1 + k} passes/seq)",
-                _ms(ours),
-                _ms(verl_per_pass),
+                milliseconds(ours),
+                milliseconds(verl_per_pass),
                 "verl old log-probs (full logits + logprobs_from_logits) per seq",
                 f"{ours / verl_per_pass:.2f}x",
             )
@@ -163,8 +147,8 @@ def per_pass_rows(
         Row(
             "  where the time goes",
             f"{setting}, decoder only (no LM head)",
-            _ms(decoder),
-            _ms(verl_per_pass),
+            milliseconds(decoder),
+            milliseconds(verl_per_pass),
             "verl old log-probs per seq",
             f"{decoder / verl_per_pass:.2f}x (LM head + log-probs: {1 - decoder / verl_per_pass:.0%} of verl)",
         )
@@ -233,8 +217,8 @@ def skipping_rows(model: Any, tokenizer: Any, samples: int, max_new_tokens: int,
         Row(
             "  stage time",
             f"{setting}; q on {int(needed.sum())} needed pairs {same}, skipped pairs q=0: {skipped_zero}",
-            _ms(median["skip"]),
-            _ms(median["all"]),
+            milliseconds(median["skip"]),
+            milliseconds(median["all"]),
             "skip_zero_advantage=false",
             f"{median['skip'] / median['all']:.2f}x",
         ),
@@ -315,8 +299,8 @@ def growth_rows(
                 "growth with K",
                 f"{batch} responses x {length_for_k} tokens, K={k} (~30-token verifier texts): "
                 f"{point.replayed_tokens:,} tokens replayed",
-                _ms(point.replay_s),
-                _ms(point.old_log_prob_s),
+                milliseconds(point.replay_s),
+                milliseconds(point.old_log_prob_s),
                 "verl old log-probs, same responses",
                 f"{point.replay_s / point.old_log_prob_s:.2f}x; "
                 f"{point.replay_s / point.replayed_tokens * 1e3:.2f} ms per replayed token",
@@ -334,8 +318,8 @@ def growth_rows(
             Row(
                 "growth with response length",
                 f"{batch} responses x {n} tokens, K={k_for_lengths}",
-                _ms(point.replay_s),
-                _ms(point.old_log_prob_s),
+                milliseconds(point.replay_s),
+                milliseconds(point.old_log_prob_s),
                 "verl old log-probs, same responses",
                 f"{point.replay_s / point.old_log_prob_s:.2f}x ({1 + k_for_lengths} passes)",
             )

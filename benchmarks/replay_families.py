@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.machine import Row, time_interleaved
+from benchmarks.machine import Row, milliseconds, time_interleaved
+from benchmarks.verl_reference import verl_old_log_probs
 from mrtpo_verl.config import ReplayConfig
 from mrtpo_verl.replay.contexts import ReplayContextBuilder
 from mrtpo_verl.replay.prefix_tree import distinct_prefix_tokens
@@ -75,7 +76,6 @@ def family_rows(
 
 
 def _measure_family(model: Any, batch: FamilyBatch, tokenizer: Any, repeats: int) -> list[Row]:
-    from benchmarks.replay_cost import _ms, verl_old_log_probs
 
     samples = len(batch.responses)
     builder = ReplayContextBuilder(tokenizer, batch.reward_keys, max_context_tokens=8192)
@@ -105,7 +105,7 @@ def _measure_family(model: Any, batch: FamilyBatch, tokenizer: Any, repeats: int
     items = builder.build_batch([batch.prompt] * samples, batch.responses, batch.infos)
     verl_tokens = sum(sequence.shape[1] for sequence in sequences)
     floor = distinct_prefix_tokens(_plan_passes(items, needed)[0])
-    return _rows_of_family(batch, stats, median, verl_tokens, floor, _ms)
+    return _rows_of_family(batch, stats, median, verl_tokens, floor)
 
 
 def _rows_of_family(
@@ -114,7 +114,6 @@ def _rows_of_family(
     median: dict[str, float],
     verl_tokens: int,
     floor: int,
-    ms: Callable[[float], str],
 ) -> list[Row]:
     n, k = len(batch.responses), len(batch.reward_keys)
     response_tokens = sum(len(r) for r in batch.responses)
@@ -140,8 +139,8 @@ def _rows_of_family(
                 f"{figures.replayed_tokens / floor:.2f}x floor), {figures.model_calls} model calls, "
                 f"{figures.prefix_tokens_shared:,} tokens shared, "
                 f"peak cache {figures.peak_cache_bytes / 2**20:.0f} MiB",
-                ms(median[name]),
-                ms(median["verl"]),
+                milliseconds(median[name]),
+                milliseconds(median["verl"]),
                 "verl old log-probs, same batch",
                 f"{median[name] / median['verl']:.2f}x",
             )

@@ -15,9 +15,10 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from mrtpo_verl.cli_errors import ConfigMistake
+from mrtpo_verl.compat.omegaconf import WrittenValue, written_value
 
 __all__ = ["check_estimator", "check_value_types", "check_verl_config"]
 
@@ -28,25 +29,25 @@ _MISSING = object()
 PLACEHOLDERS = {"true | false": "true|false", "an integer": "integer", "a number": "number"}
 
 
-def _leaves(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted path, raw value) of every scalar under ``node``, interpolations unresolved."""
-    if isinstance(node, DictConfig):
-        for key in node:
-            value = node._get_node(key)  # the node, so that "${...}" is seen as an interpolation
-            yield from _leaves(value, f"{path}.{key}" if path else str(key))
-    elif isinstance(node, ListConfig):
-        return
-    else:
-        yield path, node
+def _leaves(node: DictConfig, path: str = "") -> Iterator[tuple[str, WrittenValue]]:
+    """(dotted path, value as written) of every scalar under ``node`` outside lists."""
+    for key in node:
+        value = written_value(node, key)
+        child = f"{path}.{key}" if path else str(key)
+        if isinstance(value, DictConfig):
+            yield from _leaves(value, child)
+        elif isinstance(value, WrittenValue):
+            yield child, value
 
 
 def _raw(config: DictConfig, path: str) -> Any:
-    """The value at ``path`` without resolving it; the node itself for interpolations; _MISSING if absent."""
+    """The :class:`WrittenValue` at ``path``; _MISSING if absent or not a scalar."""
     parent_path, _, key = path.rpartition(".")
     parent = OmegaConf.select(config, parent_path, default=None) if parent_path else config
     if not isinstance(parent, DictConfig) or key not in parent:
         return _MISSING
-    return parent._get_node(key)
+    value = written_value(parent, key)
+    return value if isinstance(value, WrittenValue) else _MISSING
 
 
 def _declared_float(defaults: DictConfig, path: str) -> bool:
@@ -92,19 +93,19 @@ def check_value_types(config: DictConfig, defaults: DictConfig) -> None:
         ConfigMistake: ``<field>: got <value> (<type>) (allowed: <type>, as verl's default <default>)``.
     """
     for path, default_node in _leaves(defaults):
-        if path.split(".", 1)[0] in OWN_BLOCKS or default_node._is_interpolation():
+        if path.split(".", 1)[0] in OWN_BLOCKS or default_node.is_interpolation:
             continue
-        default = default_node._value()
+        default = default_node.value
         expected = _expected(default, isinstance(default, int) and _declared_float(defaults, path))
         node = _raw(config, path)
-        if expected is None or node is _MISSING or node._is_interpolation() or node._is_none():
+        if expected is None or node is _MISSING or node.is_interpolation or node.is_none:
             continue
-        value = node._value()
+        value = node.value
         types, allowed = expected
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise ConfigMistake(
                 f"{path}: got {value!r} ({type(value).__name__}) (allowed: {allowed}, as verl's default "
-                f"{default_node._value()!r}); set {path}=<{PLACEHOLDERS[allowed]}>"
+                f"{default!r}); set {path}=<{PLACEHOLDERS[allowed]}>"
             )
 
 

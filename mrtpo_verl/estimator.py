@@ -30,6 +30,7 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register
 from verl.utils import torch_functional as verl_F
 
 from mrtpo_verl.advantage_inputs import current_advantage_inputs
+from mrtpo_verl.batch_keys import RELEVANCE_KEY
 from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.math.reward_reweighting import saw_reward_weights
 from mrtpo_verl.math.token_advantage import weighted_token_advantage, whiten_with_statistics
@@ -48,7 +49,6 @@ logger = logging.getLogger(__name__)
 
 ESTIMATOR_NAME = "mrtpo"
 #: ``DataProto.batch`` key of the replay's relevance tensor, (bs, K, response_length), K in reward-key order.
-RELEVANCE_KEY = "mrtpo_relevance"
 
 
 def reward_component_matrix(

@@ -22,6 +22,7 @@ from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from mrtpo_verl.advantage_inputs import advantage_inputs
+from mrtpo_verl.batch_keys import RELEVANCE_KEY
 from mrtpo_verl.config import MRTPOConfig
 
 REWARD_KEYS = ("format", "executability", "execution")
@@ -70,7 +71,7 @@ def build_batch() -> DataProto:
     tensors = {
         "response_mask": mask,
         "token_level_rewards": torch.zeros(len(GROUP), length),
-        "mrtpo_relevance": relevance,
+        RELEVANCE_KEY: relevance,
     }
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 

@@ -19,7 +19,9 @@ def register_cpu_engines() -> None:
     from verl.workers.engine import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
+    from mrtpo_verl.compat.verl import engine_registered
+
     for model_type, engine_cls in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
         for backend in ("fsdp", "fsdp2"):
-            if CPU_DEVICE not in EngineRegistry._engines.get(model_type, {}).get(backend, {}):
+            if not engine_registered(model_type, backend, CPU_DEVICE):
                 EngineRegistry.register(model_type=model_type, backend=backend, device=CPU_DEVICE)(engine_cls)

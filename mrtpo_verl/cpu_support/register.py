@@ -22,17 +22,17 @@ _ROLLOUT_MODULE = "mrtpo_verl.cpu_support.rollout"
 def register_hf_rollout() -> None:
     """Register ``hf`` in both of verl's rollout registries, lazily (the module loads on first use).
 
-    ``RolloutReplicaRegistry.register(name, loader)`` is verl's API for replicas; the adapter
-    registry ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` maps ``(name, mode)`` to a dotted
-    class path and has no register function, so the entry is added to the dict.
+    ``RolloutReplicaRegistry.register(name, loader)`` is verl's API for replicas; the server adapter goes
+    through :func:`mrtpo_verl.compat.verl.register_rollout_adapter` (verl has no API for it).
     """
     import importlib
 
-    from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
+    from mrtpo_verl.compat.verl import register_rollout_adapter
+
     RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: importlib.import_module(_ROLLOUT_MODULE).HFReplica)
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{_ROLLOUT_MODULE}.HFServerAdapter"
+    register_rollout_adapter(ROLLOUT_NAME, "async", f"{_ROLLOUT_MODULE}.HFServerAdapter")
 
 
 def install() -> None:

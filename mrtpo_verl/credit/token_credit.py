@@ -18,8 +18,9 @@ from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from mrtpo_verl.advantage_inputs import advantage_inputs
+from mrtpo_verl.batch_keys import RELEVANCE_KEY
 from mrtpo_verl.config import MRTPOConfig
-from mrtpo_verl.estimator import RELEVANCE_KEY, group_normalised_rewards, reward_component_matrix
+from mrtpo_verl.estimator import group_normalised_rewards, reward_component_matrix
 from mrtpo_verl.math.token_weights import beta_at_step, token_weights
 
 __all__ = ["TokenCredit", "token_credit"]

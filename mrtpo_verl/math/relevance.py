@@ -1,36 +1,12 @@
 """Per-token relevance: the Jensen–Shannon distance between two next-token distributions.
 
-MRTPO compares, at every response position ``t``, the policy's next-token distribution under
-the full verifier context ``P = p(. | C, y_<t)`` with the one under a leave-one-out context
-``Q = p(. | C_-k, y_<t)``:
-
     JSD(P || Q) = ½ KL(P || M) + ½ KL(Q || M),   M = ½ (P + Q)
-    q_{k,t}     = sqrt(JSD_2(P || Q)) ∈ [0, 1]   (log base 2, so the distance is bounded by 1)
+    q_{k,t}     = sqrt(JSD_2(P || Q)) ∈ [0, 1]   (log base 2)
 
-Each KL term is computed per vocabulary entry as ``−p_v · log1p((q_v − p_v) / 2p_v)`` because
-``m / p = 1 + (q − p) / 2p``. Why this form and not the cheaper entropy form
-``JSD = H(M) − ½ (H(P) + H(Q))`` (one log per entry instead of two):
-
-- The distance is ``sqrt(JSD)``, so an absolute JSD error ``e`` becomes a distance error
-  ``e / (2 sqrt(JSD))``: near-identical rows (distance ~1e-5) need JSD to ~1e-10 absolute.
-- The entropy form subtracts entropies of size ``log V`` (~12 nats) computed in float32, an
-  absolute error of order 1e-7…1e-6 — a distance error of 1e-3 on such rows.
-- In the log1p form the small quantity ``q − p`` is formed once, from the two probabilities,
-  and the two first-order terms ``±(q − p) / 2`` cancel consistently; the rounding error of an
-  entry is ``O(ε · |q − p|)``, so the JSD error scales with the divergence itself and the
-  distance keeps ~1e-7 absolute accuracy however close the rows (tests hold 5e-7 against a
-  float64 reference from distances of 1e-7 to 1). Identical rows give exactly 0 and an entry
-  with ``p_v = 0`` (``-inf`` logit) contributes exactly nothing.
-- The probabilities must sum to 1 accurately: torch's CPU softmax is off by up to 2e-5 at
-  vocab 151,936, so each block is renormalised with a cascade ``sum`` (+~10% time).
-
-Speed (CPU): two fused softmaxes (the exps every method needs), two log1p, and a few
-multiply-adds per entry, a cache-sized block of rows at a time into reused buffers, so the
-dozen element-wise passes read from cache, not memory; the cost is the transcendental work,
-not memory traffic. ``python -m benchmarks.js_relevance`` measures it against a plain
-``logsumexp`` pass over both inputs. On CUDA tensors a fused Triton kernel
-(:mod:`mrtpo_verl.math.relevance_triton`) computes the same form in two passes over the logits
-with no ``(rows, vocab)`` intermediate; the torch path is its fallback.
+with ``P = p(. | C, y_<t)`` under the full verifier context and ``Q = p(. | C_-k, y_<t)`` under the
+leave-one-out context of reward k. Each KL entry is ``−p_v · log1p((q_v − p_v) / 2p_v)``, accurate to ~1e-7
+in distance however close the rows; on CUDA the Triton kernel of :mod:`mrtpo_verl.math.relevance_triton`
+computes the same form. Why this form, and its speed: ``docs/replay.md`` ("Relevance").
 """
 
 from __future__ import annotations

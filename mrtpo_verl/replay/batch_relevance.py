@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from verl.protocol import DataProto
 
+from mrtpo_verl.batch_keys import COUNTER_KEYS, GROUP_CONSTANT_KEY, NEEDED_KEY, RELEVANCE_KEY
 from mrtpo_verl.replay.contexts import (
     ContextOverBudget,
     ReplayContextBuilder,
@@ -42,23 +43,9 @@ from mrtpo_verl.replay.contexts import (
 )
 from mrtpo_verl.replay.scorer import ReplayScorer
 
-__all__ = ["COUNTER_KEYS", "relevance_for_request", "replayed_response_columns"]
+__all__ = ["relevance_for_request", "replayed_response_columns"]
 
 logger = logging.getLogger(__name__)
-
-RELEVANCE_KEY = "mrtpo_relevance"
-NEEDED_KEY = "mrtpo_needed"
-#: (bs, K) bool in the request: verifier text k of a row is the same in its whole group (the order rule's input).
-GROUP_CONSTANT_KEY = "mrtpo_group_constant"
-#: Per-row counters of an answer, in this order (each shard's totals on its row 0).
-COUNTER_KEYS = (
-    "mrtpo_forward_passes",
-    "mrtpo_skipped_passes",
-    "mrtpo_tokens_replayed",
-    "mrtpo_truncated_contexts",
-    "mrtpo_prefix_tokens_shared",
-    "mrtpo_rows_unscored",
-)
 
 
 def _prompts(request: DataProto) -> list[list[int]]:

@@ -1,47 +1,12 @@
 """Replay contexts: the prompt rendered with all verifier information, and with each piece left out.
 
-For one response ``y`` to prompt ``x`` with verifier-information strings ``v_1..v_K`` (reward order =
-``mrtpo.reward_keys``):
-
     C    = render(x, {v_1..v_K})            full context
     C_-k = render(x, {v_i : i != k})        leave-one-out context of reward k
 
-``render`` appends a verifier block to the content of the LAST user turn and applies the chat template with
-the generation prompt. The block is ``ReplayConfig.verifier_header`` followed by one
-``ReplayConfig.verifier_item_template.format(name=key, info=text)`` per included verifier, all separated by
-blank lines; with no verifier included there is no block (and no header). The texts' order in the block
-(:func:`verifier_order`): texts identical for every response of the group first, then the others, each
-part longest first (ties in reward order); a leave-one-out keeps the order of the remaining texts. This
-maximises the context prefixes the replay can compute once (``prefix_tree.py``); a lone response (``build``
-without ``group_constant``) counts every text as its group's. The response token ids are reused
-unchanged; the scorer appends them to every context.
-
-The prompt comes in one of two forms:
-
-* chat messages ``[{"role": ..., "content": ...}, ...]`` (verl's ``non_tensor_batch["raw_prompt"]``): the
-  block is appended to the last user message's content and the template is applied to the messages.
-* prompt token ids with padding removed (what verl keeps in ``batch["prompts"]``, and what the replay of a
-  verl batch uses: they are the tokens the policy saw, whatever tools, system prompt or
-  ``data.apply_chat_template_kwargs`` the rollout rendered them with). They must end with "end of a user turn +
-  generation prompt", learnt from the tokenizer's own chat template by rendering a probe conversation with the
-  same ``chat_template_kwargs`` (nothing model-specific is hard-coded). When the ids end with that suffix's own
-  token ids, the block's token ids (``"\n\n" + block`` tokenized alone) are spliced in right before them, so
-  every context is the rollout's prompt ids with the block inserted and the context without a block *is* the
-  rollout's prompt; a block whose ids do not decode back to its text (a tokenizer that adds a prefix space)
-  is inserted as text into the decoded prompt instead. Otherwise (a suffix that does not start on a token
-  boundary) the ids are decoded with special tokens kept, the block is inserted
-  before the suffix as text and the text is re-tokenized; every context of such a prompt, even one without a
-  block, goes through that same path, so contexts differ only where the verifier block differs.
-
-Edge cases: an empty verifier text (None, or blank after ``strip``) leaves that verifier out of every context,
-so ``C_-k == C`` and its relevance is exactly 0 without a forward pass (``identical_to_full[k]``). A
-non-string text is a TypeError naming the reward key.
-
-Length rule: when the longest context plus the response exceeds ``max_context_tokens`` (None = no budget), the
-verifier texts are truncated, longest first, to a common token cap (with a ``…[truncated]`` marker), never the
-prompt or the response. If even texts cut to the bare marker do not fit, :class:`ContextOverBudget` is raised;
-the batch replay (:mod:`~mrtpo_verl.replay.batch_relevance`) catches it for that row alone, which then gets no
-relevance (uniform token weights) and is counted in ``mrtpo/replay/rows_unscored``.
+``render`` puts a verifier block (header + one item per included verifier, in :func:`verifier_order`) at the
+end of the last user turn, from chat messages or from the rollout's own prompt token ids; the response ids
+are reused unchanged. Over-long contexts cut the verifier texts, never the prompt or the response
+(:class:`ContextOverBudget` when even that does not fit). The rules in full: ``docs/replay.md`` ("Contexts").
 """
 
 from __future__ import annotations

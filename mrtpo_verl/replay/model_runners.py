@@ -1,38 +1,12 @@
 """How the replay scorer runs a model: a plain local model, or the actor engine's sharded one.
 
-The scorer (:mod:`mrtpo_verl.replay.scorer`) needs two things of a causal LM:
-
-- ``hidden_states(input_ids, attention_mask, position_ids)`` → (n, P, hidden): the decoder's last
-  hidden states (after the final norm), with no logits over the prompt positions;
-- ``logits(hidden)`` → (rows, vocab): the LM head applied to chosen rows only;
-- for prefix sharing, ``prefix_cache(...)`` → :class:`PrefixCache` (the key/value cache of a shared prefix),
-  and ``hidden_states(..., past_key_values=cache)`` for the rows that continue it.
-
-:class:`LocalModelRunner` calls the decoder and the LM head of an ordinary module (a replay worker's
-own copy, or an in-process model).
-
-:class:`ShardedModelRunner` runs the actor engine's FSDP-wrapped model in place (colocated
-placement). There every forward pass is a collective — each decoder layer all-gathers its shards —
-so two rules hold:
-
-1. Only the wrapped root module is called (FSDP's hooks run exactly as in verl's own log-prob pass),
-   with its forward replaced, for that call and on that instance only, by the decoder's: no LM head
-   runs inside the pass, whatever forward verl installed (its fused-kernel forward computes log-probs
-   over every position and ignores ``logits_to_keep``). A shared prefix's cache is built by that same
-   root call (``use_cache=True``), so building it is one more collective pass like any other.
-2. Every rank runs the same number of forward passes: :meth:`agree_on_micro_batches` takes the
-   maximum over the process group, and a rank with less work runs one-token idle passes. Otherwise
-   the rank with more work would wait forever in an all-gather.
-3. A failing rank never leaves the others waiting: the ranks meet (one small all-gather of a count,
-   a failure flag and a message) before the first pass, before every further pass and once after the
-   last. A rank that fails between two meetings joins the next one with its message
-   (:meth:`release_peers_after_failure`), and every rank raises :class:`PeerFailed` naming the failed
-   rank's own error. The first meeting is the first collective of a request; the scorer gathers the
-   LM head only after it.
-
-The LM head's weight is used directly (``F.linear``, no FSDP hooks): :meth:`ShardedModelRunner.scoring`
-all-gathers the FSDP2 module that owns it once at the start (on every rank) and keeps it unsharded
-until scoring ends, then frees it.
+A runner gives the scorer ``hidden_states(input_ids, attention_mask, position_ids[, past_key_values])`` →
+(n, P, hidden) decoder states, ``logits(hidden)`` → (rows, vocab) for chosen rows only, and
+``prefix_cache(...)`` → :class:`PrefixCache` for prefix sharing. :class:`LocalModelRunner` calls an ordinary
+module; :class:`ShardedModelRunner` runs the actor engine's FSDP2 model in place, where every forward pass is a
+collective: it calls only the wrapped root (with the decoder's forward), keeps every rank's pass count equal,
+and meets the other ranks between passes so that a failing rank stops them all (:class:`PeerFailed`).
+The rules in full: ``docs/replay.md`` ("Model runners").
 """
 
 from __future__ import annotations
@@ -44,6 +18,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from mrtpo_verl.compat.torch_fsdp import first_fsdp2_module, keep_unsharded, reshard
+from mrtpo_verl.compat.transformers import cache_from_layers, full_attention_cache_layers
 
 __all__ = ["LocalModelRunner", "ModelRunner", "PeerFailed", "PrefixCache", "ShardedModelRunner"]
 
@@ -65,19 +42,10 @@ class PrefixCache:
 
     @classmethod
     def from_cache(cls, cache: Any) -> PrefixCache:
-        from transformers.cache_utils import DynamicCache, DynamicLayer
-
-        layers = getattr(cache, "layers", None)
-        if type(cache) is not DynamicCache or not layers or any(type(layer) is not DynamicLayer for layer in layers):
-            kinds = sorted({type(layer).__name__ for layer in layers or ()})
-            raise NotImplementedError(
-                f"mrtpo replay prefix sharing needs a transformers DynamicCache of full-attention DynamicLayers; this "
-                f"model returned {type(cache).__name__} ({', '.join(kinds) or 'no layers'}). "
-                "Set mrtpo.replay.share_prefix=false for it"
-            )
-        if any(layer.keys.shape[0] != 1 for layer in layers):
-            raise ValueError(f"a prefix cache holds one row, got {layers[0].keys.shape[0]}")
-        return cls(tuple((layer.keys, layer.values) for layer in layers))
+        layers = full_attention_cache_layers(cache)
+        if any(keys.shape[0] != 1 for keys, _ in layers):
+            raise ValueError(f"a prefix cache holds one row, got {layers[0][0].shape[0]}")
+        return cls(layers)
 
     @property
     def length(self) -> int:
@@ -91,11 +59,7 @@ class PrefixCache:
 
     def repeated(self, rows: int) -> Any:
         """A fresh ``DynamicCache`` with this prefix for ``rows`` rows (copied: rows × this cache's bytes)."""
-        from transformers.cache_utils import DynamicCache
-
-        return DynamicCache(
-            ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.layers]
-        )
+        return cache_from_layers(self.layers, rows)
 
 
 class ModelRunner:
@@ -399,11 +363,10 @@ class ShardedModelRunner(ModelRunner):
         run under the engine's autocast, as verl's own forward does. On leaving normally, the ranks meet once
         more, so that a rank that failed after its last forward pass stops the others too.
         """
-        owner = next((m for m in (self.lm_head, self.model) if hasattr(m, "set_reshard_after_forward")), None)
+        owner = first_fsdp2_module(self.lm_head, self.model)
         if owner is not None:
-            owner.set_reshard_after_forward(False, recurse=False)
             self._stage = _Stage.IN_FORWARD  # an all-gather: a failure inside it cannot be sent
-            owner.unshard()
+            keep_unsharded(owner)
             self._stage = _Stage.SCORING
         # As verl 0.9.1's FSDPEngineWithLMHead.forward_step: autocast to the engine's ``_autocast_dtype``.
         autocast = (
@@ -418,8 +381,7 @@ class ShardedModelRunner(ModelRunner):
             self._stage = _Stage.IDLE
         finally:
             if owner is not None:
-                owner.set_reshard_after_forward(self.reshard_after_forward, recurse=False)
-                owner.reshard()  # local: frees the gathered weights, no communication
+                reshard(owner, self.reshard_after_forward)  # local: frees the gathered weights, no communication
 
 
 class PeerFailed(RuntimeError):

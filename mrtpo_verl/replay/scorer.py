@@ -1,38 +1,12 @@
 """Replay scorer: per-token relevance ``q_{k,t}`` from prefill passes over the replay contexts.
 
-For every response ``y`` (T tokens) with full context ``C`` and leave-one-out contexts ``C_-k``:
-
     q_{k,t} = JS distance( softmax(logits(C, y_<t) / τ), softmax(logits(C_-k, y_<t) / τ) )      t = 0 … T-1
 
-Each context is run once with the response appended (prefill only, no sampling). Only the hidden states at
-the T positions that predict response tokens are kept; for a context of length c those are positions
-c-1 … c+T-2 of ``context + response``. The LM head is applied to them ``js_chunk_size`` rows at a time, and
-:func:`~mrtpo_verl.math.relevance.js_distance_one_to_many` compares the chunk's full-context distribution
-(softmax computed once) with each leave-one-out's, so no ``(tokens × vocab)`` tensor ever exists for prompt
-positions; the extra memory is the chunk's float32 logits, (1 + K') × chunk × vocab (K' ≤ K leave-one-outs
-of the response), plus the JS reduction's own cache-sized blocks.
-
-Exact skipping: a not-needed (response, k) pair gets no pass and q = 0; a leave-one-out context
-identical to the full one (reward without verifier information) gets no pass and q = 0 exactly; a response
-with no pair left to compare gets no pass at all, not even the full context.
-
-Prefix sharing (``share_prefix``, default on; :mod:`~mrtpo_verl.replay.prefix_tree`): every context prefix
-shared by two or more passes (the group's rendered prompt, the verifier texts placed first) runs once, with its
-key/value cache kept, and each pass runs only its remainder ``context[D:] + response`` against the cache of
-the deepest shared prefix it reaches (D tokens): batched across the contexts and responses that share it, with
-the attention mask covering the D cached tokens and position ids counting on from D (left or right padding of
-the remainders alike). The tokens fed are exactly those of the unshared path, so q is the same up to float
-rounding (tested to 1e-5 in float32). ``max_cache_tokens`` bounds rows × (D + longest remainder) per call, i.e.
-the key/value cache held at once besides the one-row caches of the current tree path.
-
-Memory: without sharing, passes run in the order of the responses (full context first), and a response's hidden
-states are reduced to q and freed as soon as its last pass is done, so at most ``micro_batch_size + K + 1``
-sequences' ``(T, hidden)`` states are held at a time. With sharing the tree runs depth first, so the states
-held are at most those of the passes below one shared prefix whose responses are not finished — in practice
-one prompt group's ``n × (1 + K)`` passes.
-
-The model must be a transformers ``*ForCausalLM`` whose logits are ``lm_head(decoder(...).last_hidden_state)``
-(Llama, Qwen, Mistral, SmolLM, ...); models that post-process logits (soft-capping, logit scaling) are refused.
+Each context runs once with the response appended; only the T positions that predict response tokens reach
+the LM head, ``js_chunk_size`` rows at a time. Pairs that are not needed, and leave-one-outs identical to the
+full context, get no pass (q = 0). With ``share_prefix`` every shared context prefix runs once and its
+key/value cache serves the passes below it (:mod:`~mrtpo_verl.replay.prefix_tree`). Memory bounds, the
+cache budget and the models accepted: ``docs/replay.md`` ("Scorer").
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mrtpo_verl.compat.transfer_queue import is_padding_row, row_key_parts
+
 __all__ = [
     "IncompleteGroupError",
     "IncompleteGroups",
@@ -101,7 +103,7 @@ class IncompleteGroups:
 
 def padding_rows(tags: Sequence[dict[str, Any]]) -> list[bool]:
     """Per row: True for verl's synthetic padding samples (``upsample_batch_to_divisible_size``)."""
-    return [bool((tag or {}).get("is_padding", False)) for tag in tags]
+    return [is_padding_row(tag) for tag in tags]
 
 
 def find_incomplete_groups(keys: Sequence[str], tags: Sequence[dict[str, Any]], n: int) -> IncompleteGroups:
@@ -120,11 +122,12 @@ def find_incomplete_groups(keys: Sequence[str], tags: Sequence[dict[str, Any]], 
     for key, is_padding in zip(keys, padding_rows(tags), strict=True):
         if is_padding:
             continue
-        parts = key.rsplit("_", 2)
-        if len(parts) != 3 or not parts[1].isdigit():
-            raise IncompleteGroupError(f"mrtpo: row key {key!r} is not verl's '{{uid}}_{{session_id}}_{{index}}'")
-        sessions[parts[0]].add(int(parts[1]))
-        rows[parts[0]] += 1
+        try:
+            uid, session = row_key_parts(key)
+        except ValueError as error:
+            raise IncompleteGroupError(f"mrtpo: {error}") from error
+        sessions[uid].add(session)
+        rows[uid] += 1
     expected = set(range(n))
     broken = [uid for uid, found in sessions.items() if found != expected]
     return IncompleteGroups(

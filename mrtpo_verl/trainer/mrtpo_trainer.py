@@ -1,4 +1,4 @@
-"""MRTPO on each of verl 0.9.1's v1 trainer modes: ``trainer.v1.trainer_mode=mrtpo_<verl mode>``.
+"""MRTPO on each of verl's v1 trainer modes: ``trainer.v1.trainer_mode=mrtpo_<verl mode>``.
 
 =========================  =====================================  ==================================
 registered name            verl trainer it extends                verl config block it reads
@@ -27,6 +27,7 @@ from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from mrtpo_verl.compat.verl import pi_old_weights, rollout_bypass_mode
 from mrtpo_verl.trainer.advantage_step import MRTPOStep
 
 __all__ = ["TRAINER_CLASSES", "MRTPOColocateAsyncTrainer", "MRTPOSeparateAsyncTrainer", "MRTPOTrainer"]
@@ -59,20 +60,12 @@ class MRTPOSeparateAsyncTrainer(MRTPOStep, PPOTrainerSeparateAsync):
 
     @contextlib.contextmanager
     def _replay_weights(self) -> Iterator[None]:
-        rollout_corr_config = self.config.algorithm.get("rollout_correction", None)
-        bypass = bool(rollout_corr_config and rollout_corr_config.get("bypass_mode", False))
-        if bypass or self.local_trigger_step == 0:
-            # Bypass: old_log_probs are the rollout's own, which no trainer weights reproduce; step 0: current = π_old.
+        if rollout_bypass_mode(self.config):
+            # old_log_probs are the rollout's own, which no trainer weights reproduce: score with the current ones.
             yield
             return
-        wg, step = self.actor_rollout_wg, self.local_trigger_step
-        wg.save_model_to_cpu(step)
-        wg.restore_model_from_cpu(0)
-        try:
+        with pi_old_weights(self):
             yield
-        finally:
-            wg.restore_model_from_cpu(step)
-            wg.clear_cpu_model(step)
 
 
 #: registered name → class; one entry per verl mode (checked against ``startup.TRAINER_MODES`` by the tests).

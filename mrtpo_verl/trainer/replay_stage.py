@@ -21,19 +21,28 @@ from typing import Any, Protocol
 import torch
 from verl.protocol import DataProto
 
+from mrtpo_verl.batch_keys import (
+    COUNTER_KEYS,
+    FORWARD_PASSES_KEY,
+    GROUP_CONSTANT_KEY,
+    NEEDED_KEY,
+    PREFIX_TOKENS_SHARED_KEY,
+    RANK_TIME_METRIC,
+    RELEVANCE_KEY,
+    SKIPPED_PASSES_KEY,
+    TOKENS_REPLAYED_KEY,
+)
 from mrtpo_verl.config import MRTPOConfig
-from mrtpo_verl.estimator import RELEVANCE_KEY, replay_needed, reward_component_matrix
+from mrtpo_verl.estimator import replay_needed, reward_component_matrix
 from mrtpo_verl.metrics import relevance_metrics
 from mrtpo_verl.ray_metrics import publish
-from mrtpo_verl.replay.batch_relevance import COUNTER_KEYS, GROUP_CONSTANT_KEY, request_group_constant
-from mrtpo_verl.workers.replay_worker import RANK_TIME_KEY
+from mrtpo_verl.replay.batch_relevance import request_group_constant
 
-__all__ = ["NEEDED_KEY", "ReplayBackend", "ReplayStage", "ReplayWorkerFailed", "build_replay_stage", "build_request"]
+__all__ = ["ReplayBackend", "ReplayStage", "ReplayWorkerFailed", "build_replay_stage", "build_request"]
 
 logger = logging.getLogger(__name__)
 
 #: (bs, K) bool in the request: which (response, reward) pairs to score.
-NEEDED_KEY = "mrtpo_needed"
 
 
 class ReplayWorkerFailed(RuntimeError):
@@ -146,9 +155,9 @@ class ReplayStage:
     @staticmethod
     def _stage_metrics(answer: DataProto, needed: torch.Tensor, elapsed: float) -> dict[str, float]:
         counts = {key: float(answer.batch[key].sum()) for key in COUNTER_KEYS}
-        passes = counts["mrtpo_forward_passes"] + counts["mrtpo_skipped_passes"]
+        passes = counts[FORWARD_PASSES_KEY] + counts[SKIPPED_PASSES_KEY]
         # Ray backends report each rank's time; the spread shows how evenly the work was split.
-        rank_times = [float(t) for t in (answer.meta_info.get("metrics") or {}).get(RANK_TIME_KEY, [])]
+        rank_times = [float(t) for t in (answer.meta_info.get("metrics") or {}).get(RANK_TIME_METRIC, [])]
         balance = (
             {"mrtpo/replay/rank_time_s_max": max(rank_times), "mrtpo/replay/rank_time_s_min": min(rank_times)}
             if rank_times
@@ -156,16 +165,16 @@ class ReplayStage:
         )
         return balance | {
             "mrtpo/replay/time_s": elapsed,
-            "mrtpo/replay/forward_passes": counts["mrtpo_forward_passes"],
-            "mrtpo/replay/skip_fraction": counts["mrtpo_skipped_passes"] / passes if passes else 0.0,
+            "mrtpo/replay/forward_passes": counts[FORWARD_PASSES_KEY],
+            "mrtpo/replay/skip_fraction": counts[SKIPPED_PASSES_KEY] / passes if passes else 0.0,
             "mrtpo/replay/pair_skip_fraction": 1.0 - float(needed.float().mean()) if needed.numel() else 0.0,
-            "mrtpo/replay/tokens_replayed": counts["mrtpo_tokens_replayed"],
-            "mrtpo/replay/tokens_per_s": counts["mrtpo_tokens_replayed"] / elapsed if elapsed > 0 else 0.0,
+            "mrtpo/replay/tokens_replayed": counts[TOKENS_REPLAYED_KEY],
+            "mrtpo/replay/tokens_per_s": counts[TOKENS_REPLAYED_KEY] / elapsed if elapsed > 0 else 0.0,
             "mrtpo/replay/truncated_contexts": counts["mrtpo_truncated_contexts"],
             # Responses over max_context_tokens even with the verifier texts cut: uniform weights this step.
             "mrtpo/replay/rows_unscored": counts["mrtpo_rows_unscored"],
             # Tokens not run thanks to prefix sharing (mrtpo.replay.share_prefix).
-            "mrtpo/replay/prefix_tokens_shared": counts["mrtpo_prefix_tokens_shared"],
+            "mrtpo/replay/prefix_tokens_shared": counts[PREFIX_TOKENS_SHARED_KEY],
             "mrtpo/replay/failed": 0.0,
         }
 

@@ -24,21 +24,18 @@ from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from mrtpo_verl.workers.replay_worker import RANK_TIME_KEY
+from mrtpo_verl.batch_keys import MRTPO_BLOCK_META_KEY, RANK_TIME_METRIC
+from mrtpo_verl.compat.verl import (
+    actor_engine,
+    engine_autocast_dtype,
+    engine_device,
+    engine_module,
+    engine_reshard_after_forward,
+    engine_tokenizer,
+    engine_ulysses_size,
+)
 
-__all__ = ["MRTPO_BLOCK_META_KEY", "MRTPOActorRolloutRefWorker"]
-
-#: ``meta_info`` key of a colocated replay request that carries the ``mrtpo`` block (a plain dict).
-MRTPO_BLOCK_META_KEY = "mrtpo_block"
-
-
-def _engine_device() -> torch.device:
-    """The device verl's engine moves each micro-batch to (``get_device_id()`` of its platform, as verl 0.9.1's
-    ``forward_step`` does)."""
-    from verl.utils.device import get_device_id, get_device_name
-
-    name = get_device_name()
-    return torch.device(name) if name == "cpu" else torch.device(name, get_device_id())
+__all__ = ["MRTPOActorRolloutRefWorker"]
 
 
 class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -65,15 +62,15 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         start = time.perf_counter()
         scorer.runner.begin_call()
         try:
-            with self.actor.engine.eval_mode():
+            with actor_engine(self).eval_mode():
                 answer = relevance_for_request(request, builder, scorer, info_keys)
         except Exception as error:
             # The other ranks raise too, with this rank's message, instead of waiting for it in a collective.
             scorer.runner.release_peers_after_failure(error)
             raise
         # verl's collect turns each rank's "metrics" dict into lists: the driver sees every rank's time.
-        answer.meta_info["metrics"] = {RANK_TIME_KEY: time.perf_counter() - start}
-        return answer if self.actor.engine.is_mp_src_rank_with_outputs() else None
+        answer.meta_info["metrics"] = {RANK_TIME_METRIC: time.perf_counter() - start}
+        return answer if actor_engine(self).is_mp_src_rank_with_outputs() else None
 
     def _colocated_replay(self, mrtpo_block: dict[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:
         """Context builder and scorer on the engine's model, built on the first call."""
@@ -84,20 +81,20 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
 
         if self._mrtpo_replay is None or self._mrtpo_replay[0] != mrtpo_block:
             cfg = MRTPOConfig.from_block(mrtpo_block)
-            engine = self.actor.engine
-            if getattr(engine, "ulysses_sequence_parallel_size", 1) > 1:
+            engine = actor_engine(self)
+            if engine_ulysses_size(engine) > 1:
                 raise NotImplementedError(
                     "mrtpo colocated replay does not support Ulysses sequence parallelism "
-                    f"(ulysses_sequence_parallel_size={engine.ulysses_sequence_parallel_size}); "
+                    f"(ulysses_sequence_parallel_size={engine_ulysses_size(engine)}); "
                     "use mrtpo.replay.placement=dedicated"
                 )
             runner = ShardedModelRunner(
-                engine.module,
-                reshard_after_forward=bool(engine.engine_config.reshard_after_forward),
-                device=_engine_device(),
-                autocast_dtype=getattr(engine, "_autocast_dtype", None),
+                engine_module(engine),
+                reshard_after_forward=engine_reshard_after_forward(engine),
+                device=engine_device(),
+                autocast_dtype=engine_autocast_dtype(engine),
             )
-            tokenizer = engine.model_config.tokenizer
+            tokenizer = engine_tokenizer(engine)
             builder = ReplayContextBuilder.from_config(tokenizer, cfg.reward_keys, cfg.replay)
             scorer = ReplayScorer.from_config(runner, cfg.replay)
             self._mrtpo_replay = (mrtpo_block, builder, scorer, cfg.verifier_info_keys)
@@ -119,6 +116,6 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         """
         from mrtpo_verl.workers.weight_gather import DTYPES, gather_weights_to_rank0, store_in_object_store
 
-        engine = self.actor.engine
-        torch_dtype = DTYPES[dtype] if dtype != "auto" else getattr(engine, "_autocast_dtype", torch.float32)
+        engine = actor_engine(self)
+        torch_dtype = DTYPES[dtype] if dtype != "auto" else (engine_autocast_dtype(engine) or torch.float32)
         return gather_weights_to_rank0(engine, torch_dtype, keep=store_in_object_store)

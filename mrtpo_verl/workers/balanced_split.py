@@ -21,9 +21,9 @@ import torch
 from verl.protocol import DataProto, pad_dataproto_to_divisor
 from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
 
-__all__ = ["balanced_row_order", "dispatch_balanced", "row_costs"]
+from mrtpo_verl.batch_keys import NEEDED_KEY
 
-NEEDED_KEY = "mrtpo_needed"
+__all__ = ["balanced_row_order", "dispatch_balanced", "row_costs"]
 
 
 def row_costs(request: DataProto) -> torch.Tensor:

@@ -23,6 +23,8 @@ import ray
 from verl.protocol import DataProto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
+from mrtpo_verl.compat.ray import liveness_call
+from mrtpo_verl.compat.verl import actor_param_dtype
 from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.workers.balanced_split import dispatch_balanced
 from mrtpo_verl.workers.replay_worker import REPLAY_ROLE, ReplayWorker
@@ -98,7 +100,7 @@ def dead_workers(group: RayWorkerGroup, timeout_s: float = 10.0) -> list[str]:
     (the process died, or cannot be reached) count.
     """
     names = list(getattr(group, "worker_names", None) or [f"worker {rank}" for rank in range(len(group.workers))])
-    calls = [handle.__ray_ready__.remote() for handle in group.workers]  # Ray's own liveness call on every actor
+    calls = [liveness_call(handle) for handle in group.workers]
     answered, _ = ray.wait(calls, num_returns=len(calls), timeout=timeout_s)  # the busy ones stay unanswered
     dead = []
     for rank, (name, call) in enumerate(zip(names, calls, strict=False)):
@@ -181,7 +183,7 @@ class ColocatedBackend:
         self.block = _plain_block(cfg)
 
     def compute_relevance(self, request: DataProto) -> DataProto:
-        from mrtpo_verl.workers.actor_worker import MRTPO_BLOCK_META_KEY
+        from mrtpo_verl.batch_keys import MRTPO_BLOCK_META_KEY
 
         request.meta_info[MRTPO_BLOCK_META_KEY] = self.block
         return dispatch_balanced(request, self.group.world_size, self.group.compute_mrtpo_relevance)
@@ -218,16 +220,10 @@ def workers_per_node(workers: int, nnodes: int) -> list[int]:
 
 
 def actor_compute_dtype(config: Any) -> str:
-    """The dtype the actor's forward computes in: its FSDP mixed-precision ``param_dtype``, defaulting to bf16 as
-    verl 0.9.1's ``FSDPEngine._build_fsdp_module`` does."""
-    from verl.utils.torch_dtypes import PrecisionType
-
+    """The ``DTYPES`` name of the dtype the actor computes in (:func:`mrtpo_verl.compat.verl.actor_param_dtype`)."""
     from mrtpo_verl.workers.weight_gather import DTYPES
 
-    actor = config.actor_rollout_ref.actor
-    mixed = (actor.get("fsdp_config") or {}).get("mixed_precision") or {}
-    # Megatron's engine (no fsdp_config.mixed_precision) also computes in bf16 unless told otherwise.
-    dtype = PrecisionType.to_dtype(mixed.get("param_dtype", "bf16"))
+    dtype = actor_param_dtype(config)
     return next(name for name, torch_dtype in DTYPES.items() if torch_dtype == dtype)
 
 

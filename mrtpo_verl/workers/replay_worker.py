@@ -17,15 +17,23 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
+from mrtpo_verl.batch_keys import (
+    FORWARD_PASSES_KEY,
+    NEEDED_KEY,
+    PREFIX_TOKENS_SHARED_KEY,
+    RANK_TIME_METRIC,
+    RELEVANCE_KEY,
+    SKIPPED_PASSES_KEY,
+    TOKENS_REPLAYED_KEY,
+)
 from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.workers.weight_gather import DTYPES
 
-__all__ = ["RANK_TIME_KEY", "REPLAY_ROLE", "ReplayWorker"]
+__all__ = ["REPLAY_ROLE", "ReplayWorker"]
 
 #: Name prefix of the worker group (and so of its Ray actors).
 REPLAY_ROLE = "mrtpo_replay"
 #: Per-rank replay seconds in an answer's ``meta_info["metrics"]`` (one entry per rank after verl's collect).
-RANK_TIME_KEY = "mrtpo/replay/rank_time_s"
 
 
 class ReplayWorker(Worker):
@@ -100,7 +108,7 @@ class ReplayWorker(Worker):
         elapsed = time.perf_counter() - start
         self._publish(request, answer, elapsed)
         # verl's collect turns each worker's "metrics" dict into lists: the driver sees every worker's time.
-        answer.meta_info["metrics"] = {RANK_TIME_KEY: elapsed}
+        answer.meta_info["metrics"] = {RANK_TIME_METRIC: elapsed}
         return answer
 
     def _publish(self, request: DataProto, answer: DataProto, elapsed: float) -> None:
@@ -108,21 +116,21 @@ class ReplayWorker(Worker):
         from mrtpo_verl.metrics import relevance_metrics
         from mrtpo_verl.ray_metrics import publish
 
-        passes = float(answer.batch["mrtpo_forward_passes"].sum())
-        skipped = float(answer.batch["mrtpo_skipped_passes"].sum())
-        tokens = float(answer.batch["mrtpo_tokens_replayed"].sum())
+        passes = float(answer.batch[FORWARD_PASSES_KEY].sum())
+        skipped = float(answer.batch[SKIPPED_PASSES_KEY].sum())
+        tokens = float(answer.batch[TOKENS_REPLAYED_KEY].sum())
         figures = {
             "mrtpo/replay/time_s": elapsed,
             "mrtpo/replay/forward_passes": passes,
             "mrtpo/replay/skip_fraction": skipped / (passes + skipped) if passes + skipped else 0.0,
             "mrtpo/replay/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-            "mrtpo/replay/prefix_tokens_shared": float(answer.batch["mrtpo_prefix_tokens_shared"].sum()),
+            "mrtpo/replay/prefix_tokens_shared": float(answer.batch[PREFIX_TOKENS_SHARED_KEY].sum()),
         }
         figures.update(
             relevance_metrics(
-                answer.batch["mrtpo_relevance"],
+                answer.batch[RELEVANCE_KEY],
                 request.batch["response_mask"],
-                request.batch["mrtpo_needed"].bool(),
+                request.batch[NEEDED_KEY].bool(),
                 self.mrtpo.reward_keys,
             )
         )

@@ -29,6 +29,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mrtpo_verl.compat.torch_fsdp import is_fsdp2, wrapped_module
+from mrtpo_verl.compat.verl import engine_full_weights, engine_module, hf_state_dict, is_lora_or_qat
+
 __all__ = ["DTYPES", "StoredTensor", "gather_weights_to_rank0", "load_stored", "store_in_object_store"]
 
 #: ``mrtpo.replay.dedicated_dtype`` names → torch dtypes.
@@ -112,36 +115,23 @@ def gather_weights_to_rank0(
 
 def _plain_fsdp2(engine: Any) -> bool:
     """An FSDP2 module without LoRA or QAT (what :func:`_row_blocks_to_rank0` handles)."""
-    from verl.utils.fsdp_utils import fsdp_version
-
-    module = getattr(engine, "module", None)
-    inner = getattr(module, "_fsdp_wrapped_module", module)
-    return (
-        module is not None
-        and fsdp_version(module) == 2
-        and not hasattr(inner, "peft_config")
-        and not getattr(engine, "_qat_enabled", False)
-    )
+    module = engine_module(engine)
+    return module is not None and is_fsdp2(module) and not is_lora_or_qat(engine, wrapped_module(module))
 
 
 def _verl_export(engine: Any) -> Iterable[tuple[str, torch.Tensor]]:
     """verl's own full-weight stream; LoRA adapters merged into the base weights, as verl sends them to rollout."""
-    module = getattr(engine, "module", None)
-    inner = getattr(module, "_fsdp_wrapped_module", module)
-    if hasattr(inner, "peft_config") and hasattr(engine, "_merged_lora_per_tensor_param"):
-        return engine._merged_lora_per_tensor_param()  # type: ignore[no-any-return]
-    pairs, _ = engine.get_per_tensor_param()
-    return pairs  # type: ignore[no-any-return]
+    module = engine_module(engine)
+    return engine_full_weights(engine, wrapped_module(module) if module is not None else None)
 
 
 def _row_blocks_to_rank0(engine: Any, rank: int) -> Iterator[tuple[str, Iterator[torch.Tensor] | str]]:
     """Per parameter: (name, its row blocks on rank 0 / the blocks this rank sends), or (name, first name) for a
     tied parameter seen before. Each block iterator must be consumed before the next parameter's."""
     from torch.distributed.tensor import DTensor
-    from verl.utils.model import convert_weight_keys
 
-    module = engine.module
-    state = convert_weight_keys(module.state_dict(), getattr(module, "_fsdp_wrapped_module", module))
+    module = engine_module(engine)
+    state = hf_state_dict(module, wrapped_module(module))
     first_name: dict[int, str] = {}  # the state dict holds its parameters for the whole loop: ids stay unique
     for name, param in state.items():
         if id(param) in first_name:

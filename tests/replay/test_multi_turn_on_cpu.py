@@ -21,7 +21,8 @@ import torch
 from verl.protocol import DataProto
 from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
-from mrtpo_verl.replay.batch_relevance import NEEDED_KEY, RELEVANCE_KEY, relevance_for_request
+from mrtpo_verl.batch_keys import NEEDED_KEY, RELEVANCE_KEY
+from mrtpo_verl.replay.batch_relevance import relevance_for_request
 from mrtpo_verl.replay.contexts import ReplayContextBuilder
 from mrtpo_verl.replay.scorer import ReplayScorer
 from tests.support.verl_layout import reference_js_distance, verl_rollout_tensors

@@ -18,10 +18,10 @@ import torch
 from ray import cloudpickle
 from verl.single_controller.base.decorator import Dispatch, register
 
+from mrtpo_verl.batch_keys import RELEVANCE_KEY
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
 from mrtpo_verl.cpu_support.distributed import SETUP_HOOK
 from mrtpo_verl.cpu_support.launch import CPU_ENV, compose_actor_config
-from mrtpo_verl.estimator import RELEVANCE_KEY
 from mrtpo_verl.trainer.replay_stage import build_request
 from mrtpo_verl.workers.actor_worker import MRTPOActorRolloutRefWorker
 from mrtpo_verl.workers.placement import ColocatedBackend

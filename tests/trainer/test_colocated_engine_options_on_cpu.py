@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import torch
 
+from mrtpo_verl.batch_keys import RELEVANCE_KEY
 from mrtpo_verl.cpu_support.launch import save_derived_model
-from mrtpo_verl.estimator import RELEVANCE_KEY
 from mrtpo_verl.trainer.replay_stage import build_request
 from mrtpo_verl.workers.placement import InProcessBackend
 from tests.support.actor_groups import RANKS, UNSHARED, cpu_ray_cluster, relevance_of, started_actor_group

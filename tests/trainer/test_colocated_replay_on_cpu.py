@@ -29,13 +29,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from mrtpo_verl.batch_keys import RANK_TIME_METRIC, RELEVANCE_KEY
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
 from mrtpo_verl.cpu_support.launch import save_derived_model
-from mrtpo_verl.estimator import RELEVANCE_KEY
 from mrtpo_verl.replay.model_runners import PeerFailed
 from mrtpo_verl.trainer.replay_stage import ReplayStage, ReplayWorkerFailed, build_request
 from mrtpo_verl.workers.placement import ColocatedBackend, InProcessBackend
-from mrtpo_verl.workers.replay_worker import RANK_TIME_KEY
 from tests.support.actor_groups import (
     CFG,
     RANKS,
@@ -98,7 +97,7 @@ def test_all_pairs_match_the_in_process_scorer(actor_group, in_process: InProces
 
     torch.testing.assert_close(answer.batch[RELEVANCE_KEY], expected.batch[RELEVANCE_KEY], atol=1e-5, rtol=0)
     assert float(answer.batch["mrtpo_forward_passes"].sum()) == len(data) * (1 + len(REWARD_KEYS))
-    assert len(answer.meta_info["metrics"][RANK_TIME_KEY]) == RANKS  # both ranks worked and reported
+    assert len(answer.meta_info["metrics"][RANK_TIME_METRIC]) == RANKS  # both ranks worked and reported
     shared = float(answer.batch["mrtpo_prefix_tokens_shared"].sum())
     assert shared > 0 and float(expected.batch["mrtpo_prefix_tokens_shared"].sum()) == 0
     replayed = float(answer.batch["mrtpo_tokens_replayed"].sum())

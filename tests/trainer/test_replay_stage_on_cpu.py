@@ -10,8 +10,8 @@ from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from mrtpo_verl.advantage_inputs import advantage_inputs
+from mrtpo_verl.batch_keys import RELEVANCE_KEY
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
-from mrtpo_verl.estimator import RELEVANCE_KEY
 from mrtpo_verl.trainer.replay_stage import ReplayStage, ReplayWorkerFailed
 from mrtpo_verl.workers.placement import InProcessBackend
 from tests.support.real_batch import INFO_KEYS, REWARD_KEYS, real_sql_batch, smollm2

@@ -39,6 +39,41 @@ def test_every_registered_mode_is_accepted(mode: str, estimator: str) -> None:
     assert validate_run_config(config(f"trainer.v1.trainer_mode={mode}", *extra, estimator=estimator)) is not None
 
 
+#: verl's async-trainer options, each honoured by the MRTPO trainers (README "verl's async options").
+ASYNC_OPTIONS = (
+    "algorithm.rollout_correction.bypass_mode=true",
+    "trainer.v1.colocate_async.num_warmup_batches=2",
+    "trainer.v1.separate_async.num_warmup_batches=1.5",
+    "trainer.v1.separate_async.hybrid_rollout.enable_switch=true",
+    "actor_rollout_ref.hybrid_engine=false",
+)
+
+
+@pytest.mark.parametrize("mode", sorted(TRAINER_MODES))
+@pytest.mark.parametrize("option", ASYNC_OPTIONS)
+def test_verls_async_options_are_accepted_in_every_mode(mode: str, option: str) -> None:
+    extra = SEPARATE_ASYNC_OK if TRAINER_MODES[mode] == "separate_async" else ()
+    assert validate_run_config(config(f"trainer.v1.trainer_mode={mode}", *extra, option)) is not None
+
+
+@pytest.mark.parametrize("bypass", [True, False])
+def test_separate_async_replays_with_current_weights_in_bypass_mode(bypass: bool) -> None:
+    """Bypass: old_log_probs are the rollout's, so no π_old swap (the worker group is never touched); otherwise
+    a mini-step ≥ 1 swaps π_old in through the worker group (absent here, hence the AttributeError)."""
+    from mrtpo_verl.trainer.mrtpo_trainer import MRTPOSeparateAsyncTrainer
+
+    trainer = object.__new__(MRTPOSeparateAsyncTrainer)
+    bypass_override = f"algorithm.rollout_correction.bypass_mode={str(bypass).lower()}"
+    trainer.config = config("trainer.v1.trainer_mode=mrtpo_separate_async", *SEPARATE_ASYNC_OK, bypass_override)
+    trainer.local_trigger_step, trainer.actor_rollout_wg = 1, None
+    if bypass:
+        with trainer._replay_weights():
+            pass
+    else:
+        with pytest.raises(AttributeError, match="save_model_to_cpu"), trainer._replay_weights():
+            pass
+
+
 @pytest.mark.parametrize("verl_mode", ["sync", "colocate_async", "separate_async"])
 def test_verls_own_mode_names_ours(verl_mode: str) -> None:
     with pytest.raises(MRTPOConfigError, match=rf"trainer_mode: '{verl_mode}'.*use 'mrtpo_{verl_mode}'"):
@@ -107,46 +142,6 @@ def test_staleness_is_verls_formula_and_skips_padding() -> None:
     tags = [{"max_global_steps": 7}, {"max_global_steps": 9}, {"is_padding": True}]
     assert staleness_metrics(tags, global_step=10) == {"mrtpo/staleness/mean": 1.0, "mrtpo/staleness/max": 2.0}
     assert gauge_name_and_tags("mrtpo/staleness/mean") == ("mrtpo_staleness_mean", {})
-
-
-# --- verl 0.9.1 facts the modes rely on; read the upstream change before touching our code if one fails ---
-
-#: sha256 of PPOTrainerSeparateAsync._compute_old_log_prob, whose π_old swap our _replay_weights mirrors.
-VERL_SEPARATE_OLD_LOG_PROB_SHA256 = "eff91c009b2767d2609ecc1b7121489d9ea4ec9482de71c9f3431f1afa4f6c4c"
-
-
-def test_separate_async_old_log_prob_swap_we_mirror_is_unchanged() -> None:
-    import hashlib
-    import inspect
-
-    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
-
-    source = inspect.getsource(PPOTrainerSeparateAsync._compute_old_log_prob)
-    assert hashlib.sha256(source.encode()).hexdigest() == VERL_SEPARATE_OLD_LOG_PROB_SHA256, (
-        "verl's separate_async old-log-prob weight swap changed: re-read it and update _replay_weights"
-    )
-
-
-def test_verl_base_trainer_branches_on_the_mode_name_we_report() -> None:
-    """Why our classes report verl's mode name: verl compares trainer_mode with "sync" and reads trainer.v1.<mode>."""
-    import inspect
-
-    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
-
-    source = inspect.getsource(PPOTrainer)
-    assert "self.trainer_mode = self.config.trainer.v1.trainer_mode" in source
-    assert 'ReplayBuffer if self.trainer_mode == "sync" else ReplayBufferAsync' in source
-    assert 'self.config.trainer.v1.get(self.trainer_mode, {}).get("parameter_sync_step", 1)' in source
-
-
-def test_verl_replay_buffer_materialises_whole_prompt_groups() -> None:
-    """The proof that groups stay whole rests on this: trajectories are selected by their prompt uid."""
-    import inspect
-
-    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
-
-    source = inspect.getsource(ReplayBuffer._materialize_batch)
-    assert 'uid = key.split("_")[0]' in source and "if uid in selected:" in source
 
 
 def test_our_separate_async_worker_has_verls_and_our_methods() -> None:

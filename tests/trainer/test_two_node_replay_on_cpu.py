@@ -13,8 +13,8 @@ import torch
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
+from mrtpo_verl.batch_keys import RELEVANCE_KEY
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
-from mrtpo_verl.estimator import RELEVANCE_KEY
 from mrtpo_verl.trainer.replay_stage import ReplayStage, build_request
 from mrtpo_verl.workers.placement import DedicatedBackend, InProcessBackend, create_replay_worker_group
 from tests.support.ray_groups import release

@@ -1,0 +1,564 @@
+"""Contract with the installed dependencies: every seam function of ``mrtpo_verl.compat``, and the public names used.
+
+Each test of a seam function is marked ``@covers("<module>.<name>")``; its failure reads
+``seam mrtpo_verl.compat.<module>.<name> broke: ...``, and that function's docstring says what it relies
+on. :func:`test_every_seam_function_is_covered` fails when a seam function has no test here, and
+:func:`test_no_private_detail_outside_the_seam` when a module outside ``compat`` reaches a private name.
+After a verl (or transformers, Ray, omegaconf, TransferQueue) upgrade, run this file first.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import hashlib
+import importlib
+import inspect
+import pkgutil
+import textwrap
+from collections import defaultdict
+from collections.abc import Callable
+from importlib.metadata import entry_points, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+import torch
+import verl
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+from verl.trainer.config import AlgoConfig
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.utils import torch_functional as verl_F
+
+import mrtpo_verl.compat
+from mrtpo_verl.estimator import compute_mrtpo_outcome_advantage
+from mrtpo_verl.math.token_advantage import whiten_with_statistics
+
+REPO = Path(__file__).resolve().parents[1]
+#: seam name ("verl.finish_advantage_as_verl") → the tests that exercise it.
+COVERED: dict[str, list[str]] = defaultdict(list)
+
+
+def covers(*seams: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark a test as the check of ``seams``; its failure names them."""
+
+    def mark(test: Callable[..., Any]) -> Callable[..., Any]:
+        for name in seams:
+            COVERED[name].append(test.__name__)
+
+        @functools.wraps(test)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return test(*args, **kwargs)
+            except Exception as error:
+                named = ", ".join(f"mrtpo_verl.compat.{name}" for name in seams)
+                raise AssertionError(
+                    f"seam {named} broke: {error}. Re-read what its docstring says it relies on"
+                ) from error
+
+        return run
+
+    return mark
+
+
+def _seam_modules() -> list[Any]:
+    return [
+        importlib.import_module(f"mrtpo_verl.compat.{info.name}")
+        for info in pkgutil.iter_modules(mrtpo_verl.compat.__path__)
+    ]
+
+
+def test_every_seam_function_is_covered() -> None:
+    names = {f"{module.__name__.rsplit('.', 1)[1]}.{name}" for module in _seam_modules() for name in module.__all__}
+    missing = sorted(names - set(COVERED) - {"transfer_queue.KVBatchMeta"})
+    assert not missing, f"seam functions without a contract test here: {missing}"
+
+
+def test_no_private_detail_outside_the_seam() -> None:
+    """No module of mrtpo_verl outside compat reads another object's private attribute or imports a private name,
+    TransferQueue or transformers' cache classes."""
+    allowed_dunders = {"__name__", "__dict__", "__class__", "__cause__", "__file__", "__doc__", "__module__"}
+    found = []
+    for path in sorted((REPO / "mrtpo_verl").rglob("*.py")):
+        if "compat" in path.parts:
+            continue
+        where = path.relative_to(REPO)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and node.attr not in allowed_dunders:
+                base = node.value
+                own = isinstance(base, ast.Name) and base.id in ("self", "cls")
+                parent = isinstance(base, ast.Call) and getattr(base.func, "id", None) == "super"
+                if not own and not parent:
+                    found.append(f"{where}:{node.lineno} .{node.attr}")
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [alias.name for alias in node.names]
+                if node.module.split(".")[0] == "transfer_queue" or node.module == "transformers.cache_utils":
+                    found.append(f"{where}:{node.lineno} from {node.module} import ...")
+                found += [f"{where}:{node.lineno} import {node.module}.{n}" for n in names if n.startswith("_")]
+            if isinstance(node, ast.Import):
+                found += [
+                    f"{where}:{node.lineno} import {a.name}" for a in node.names if a.name.startswith("transfer_queue")
+                ]
+    assert not found, "private details outside mrtpo_verl.compat (add a seam function instead): " + "; ".join(found)
+
+
+# --- compat.verl: the v1 trainer -------------------------------------------------------------------------------
+
+#: sha256 of verl 0.9.1's PPOTrainer._compute_advantage, which finish_advantage_as_verl follows line by line.
+VERL_COMPUTE_ADVANTAGE_SHA256 = "2a4a2aa4a475b228d401959818e0b9019276ce27961c133961de217baa387da7"
+#: sha256 of verl 0.9.1's PPOTrainerSeparateAsync._compute_old_log_prob, whose π_old swap pi_old_weights repeats.
+VERL_SEPARATE_OLD_LOG_PROB_SHA256 = "eff91c009b2767d2609ecc1b7121489d9ea4ec9482de71c9f3431f1afa4f6c4c"
+
+
+@covers("verl.finish_advantage_as_verl", "verl.VERL_ADVANTAGE_FIELDS", "verl.rollout_bypass_mode")
+def test_verls_advantage_step_is_the_one_we_follow() -> None:
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from mrtpo_verl.compat.verl import VERL_ADVANTAGE_FIELDS
+
+    source = inspect.getsource(PPOTrainer._compute_advantage)
+    assert hashlib.sha256(source.encode()).hexdigest() == VERL_COMPUTE_ADVANTAGE_SHA256, (
+        "verl's PPOTrainer._compute_advantage changed"
+    )
+    listed = source[source.index("fields = [") + len("fields = ") :].split("]", 1)[0] + "]"
+    assert tuple(ast.literal_eval(listed)) == VERL_ADVANTAGE_FIELDS
+    assert 'rollout_corr_config.get("bypass_mode", False)' in source
+
+
+def _run_config(estimator: str) -> Any:
+    with initialize_config_module(config_module="mrtpo_verl.configs", version_base=None):
+        return compose(
+            config_name="mrtpo_trainer",
+            overrides=[f"algorithm.adv_estimator={estimator}", "actor_rollout_ref.rollout.n=2"],
+        )
+
+
+@pytest.fixture(scope="module")
+def transfer_queue() -> Any:
+    import transfer_queue as tq
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    config = OmegaConf.to_container(_run_config("grpo").transfer_queue, resolve=True)
+    config.update(enable=True)
+    config["backend"]["SimpleStorage"].update(num_data_storage_units=1, total_storage_size=1000)
+    tq.init(OmegaConf.create(config))
+    try:
+        yield tq
+    finally:
+        tq.close()
+        ray.shutdown()
+
+
+def _put_batch(tq: Any, partition: str) -> Any:
+    """Four rows (two prompts × two sessions) as verl's agent loop and reward stage leave them."""
+    from verl.utils import tensordict_utils as tu
+
+    generator = torch.Generator().manual_seed(0)
+    prompt_lengths, response_lengths = [3, 5, 3, 5], [4, 2, 6, 3]
+
+    def nested(rows: list[torch.Tensor]) -> Any:
+        return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+    rm_scores = []
+    for length in response_lengths:
+        row = torch.zeros(length)
+        row[-1] = float(torch.rand((), generator=generator))
+        rm_scores.append(row)
+    uids = np.array(["p0", "p1", "p0", "p1"], dtype=object)
+    extra = np.empty(4, dtype=object)
+    extra[:] = [{"reward_extra_info": {"r0": float(i), "info": f"row {i}"}} for i in range(4)]
+    fields = {
+        "prompts": nested([torch.randint(0, 100, (n,), generator=generator) for n in prompt_lengths]),
+        "responses": nested([torch.randint(0, 100, (n,), generator=generator) for n in response_lengths]),
+        "response_mask": nested([torch.ones(n, dtype=torch.long) for n in response_lengths]),
+        "rm_scores": nested(rm_scores),
+        "uid": uids,
+        "extra_fields": extra,
+    }
+    keys = ["p0_0_0", "p1_0_0", "p0_1_0", "p1_1_0"]
+    tags = [{"status": "success"}, {"status": "success"}, {"status": "success"}, {"status": "success", "is_padding": 0}]
+    return tq.kv_batch_put(keys=keys, partition_id=partition, fields=tu.get_tensordict(fields), tags=tags)
+
+
+def _bare_trainer(estimator: str) -> Any:
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    trainer = object.__new__(PPOTrainerSync)
+    trainer.config = _run_config(estimator)
+    trainer.global_steps = 1
+    return trainer
+
+
+@covers(
+    "verl.finish_advantage_as_verl",
+    "transfer_queue.read_fields",
+    "transfer_queue.write_fields",
+    "transfer_queue.object_column",
+    "transfer_queue.prompt_lengths",
+)
+def test_our_advantage_path_gives_verls_advantages(transfer_queue: Any) -> None:
+    """grpo through verl's own step and through read_fields + finish_advantage_as_verl: the same advantages."""
+    from verl.protocol import DataProto
+
+    from mrtpo_verl.compat import transfer_queue as tq_batch
+    from mrtpo_verl.compat.verl import VERL_ADVANTAGE_FIELDS, finish_advantage_as_verl
+
+    tq = transfer_queue
+    theirs = _bare_trainer("grpo")._compute_advantage(_put_batch(tq, "verl"), {})
+    expected = tq.kv_batch_get(keys=theirs.keys, partition_id="verl", select_fields=["advantages"])
+
+    batch = _put_batch(tq, "ours")
+    data = tq_batch.read_fields(batch, [f for f in VERL_ADVANTAGE_FIELDS if f in ("uid", "response_mask", "rm_scores")])
+    response_mask = data["response_mask"]
+    uid = tq_batch.object_column(data.pop("uid"))
+    filled = DataProto(batch=data.to_padded_tensor(), non_tensor_batch={"uid": uid})
+    filled.batch["token_level_scores"] = filled.batch["rm_scores"]
+    opened = []
+    finish_advantage_as_verl(
+        _bare_trainer("grpo"), filled, batch, response_mask, {}, lambda d: contextlib.nullcontext(opened.append(d))
+    )
+    got = tq.kv_batch_get(keys=batch.keys, partition_id="ours", select_fields=["advantages"])
+    assert len(opened) == 1
+    assert torch.equal(got["advantages"].to_padded_tensor(0.0), expected["advantages"].to_padded_tensor(0.0))
+    assert tq_batch.prompt_lengths(tq_batch.read_fields(batch, ["prompts"])).tolist() == [3, 5, 3, 5]
+
+
+@covers(
+    "transfer_queue.available_fields",
+    "transfer_queue.pop_reward_output",
+    "transfer_queue.float_column",
+    "transfer_queue.batch_tags",
+    "transfer_queue.is_padding_row",
+)
+def test_reward_outputs_and_tags_read_back(transfer_queue: Any) -> None:
+    from mrtpo_verl.compat import transfer_queue as tq_batch
+
+    batch = _put_batch(transfer_queue, "extra")
+    first = tq_batch.read_fields(batch, rows=1)
+    assert {"r0", "info", "rm_scores", "extra_fields"} <= tq_batch.available_fields(first)
+    data = tq_batch.read_fields(batch, ["extra_fields"])
+    extra = tq_batch.object_column(data.pop("extra_fields"))
+    assert tq_batch.float_column(tq_batch.pop_reward_output(data, extra, "r0"), "r0").tolist() == [0, 1, 2, 3]
+    assert list(tq_batch.pop_reward_output(data, extra, "info")) == [f"row {i}" for i in range(4)]
+    with pytest.raises(KeyError, match="no reward output 'absent'"):
+        tq_batch.pop_reward_output(data, extra, "absent")
+    with pytest.raises(ValueError, match="'info' holds non-numeric"):
+        tq_batch.float_column(["row 0"], "info")
+    tags = tq_batch.batch_tags(batch)
+    assert [t["status"] for t in tags] == ["success"] * 4
+    assert [tq_batch.is_padding_row(t) for t in tags] == [False] * 4
+    assert tq_batch.is_padding_row({"is_padding": True})
+
+
+@covers("transfer_queue.row_key_parts", "transfer_queue.is_padding_row")
+def test_verls_row_keys_and_padding_tag() -> None:
+    from verl.trainer.ppo.v1 import agent_loop_tq, utils
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from mrtpo_verl.compat.transfer_queue import row_key_parts
+
+    assert 'keys.append(f"{uid}_{session_id}_{i}")' in inspect.getsource(agent_loop_tq)
+    assert 'uid = key.split("_")[0]' in inspect.getsource(ReplayBuffer._materialize_batch)
+    assert '"is_padding"' in inspect.getsource(utils)
+    assert row_key_parts("a_b_uid_3_0") == ("a_b_uid", 3)
+    with pytest.raises(ValueError, match="is not verl's"):
+        row_key_parts("uid_x_0")
+
+
+@covers("verl.VerlTrainerSeam")
+def test_the_v1_trainer_calls_the_hooks_the_seam_overrides() -> None:
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from mrtpo_verl.trainer.mrtpo_trainer import TRAINER_CLASSES
+
+    source = inspect.getsource(PPOTrainer)
+    assert "self.trainer_mode = self.config.trainer.v1.trainer_mode" in source
+    assert 'ReplayBuffer if self.trainer_mode == "sync" else ReplayBufferAsync' in source
+    assert 'self.config.trainer.v1.get(self.trainer_mode, {}).get("parameter_sync_step", 1)' in source
+    assert "self._init_resource_pool_mgr()" in source and "self._compute_advantage(" in source
+    for cls in TRAINER_CLASSES.values():
+        trainer = object.__new__(cls)
+        trainer.trainer_mode = "mrtpo_x"
+        assert (trainer.trainer_mode, trainer.registered_mode) == (cls.verl_mode, "mrtpo_x")
+
+
+@covers("verl.replace_actor_worker_classes", "ray.remote_class")
+def test_worker_classes_are_replaced_in_verls_mapping() -> None:
+    from verl.trainer.ppo.utils import Role
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    from mrtpo_verl.compat.ray import remote_class
+    from mrtpo_verl.compat.verl import replace_actor_worker_classes
+
+    assert "self.role_worker_mapping[role] = ray.remote(ActorRolloutRefWorker)" in inspect.getsource(trainer_base)
+
+    class Ours(ActorRolloutRefWorker):
+        pass
+
+    holder = type("Trainer", (), {})()
+    holder.role_worker_mapping = {Role.ActorRollout: ray.remote(ActorRolloutRefWorker), Role.Critic: object}
+    replace_actor_worker_classes(holder, lambda cls: Ours if cls is ActorRolloutRefWorker else None)
+    assert remote_class(holder.role_worker_mapping[Role.ActorRollout]) is Ours
+    assert holder.role_worker_mapping[Role.Critic] is object
+    assert remote_class(object) is None
+
+
+@covers("verl.pi_old_weights")
+def test_separate_async_parks_pi_old_as_we_do() -> None:
+    from verl.experimental.separation.engine_workers import DetachActorWorker
+    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+
+    source = inspect.getsource(PPOTrainerSeparateAsync._compute_old_log_prob)
+    assert hashlib.sha256(source.encode()).hexdigest() == VERL_SEPARATE_OLD_LOG_PROB_SHA256, (
+        "verl's separate_async old-log-prob weight swap changed"
+    )
+    for name in ("save_model_to_cpu", "restore_model_from_cpu", "clear_cpu_model"):
+        assert callable(getattr(DetachActorWorker, name)), name
+    assert "local_trigger_step" in inspect.getsource(PPOTrainerSeparateAsync)
+
+
+# --- compat.verl: the FSDP actor engine ------------------------------------------------------------------------
+
+
+@covers(
+    "verl.actor_engine",
+    "verl.engine_module",
+    "verl.engine_autocast_dtype",
+    "verl.engine_reshard_after_forward",
+    "verl.engine_ulysses_size",
+    "verl.engine_tokenizer",
+    "verl.is_lora_or_qat",
+    "verl.engine_full_weights",
+    "verl.hf_state_dict",
+)
+def test_fsdp_engine_attributes_the_seam_reads() -> None:
+    from verl.utils import model as verl_model
+    from verl.workers.engine.fsdp import transformer_impl
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    engine = transformer_impl.FSDPEngine
+    source = inspect.getsource(transformer_impl)
+    for text in (
+        "self._autocast_dtype = param_dtype",
+        "self._qat_enabled =",
+        "self.module = module",
+        "self.engine_config = engine_config",
+        "self.model_config = model_config",
+        "self.ulysses_sequence_parallel_size = self.engine_config.ulysses_sequence_parallel_size",
+    ):
+        assert text in source, text
+    for name in ("get_per_tensor_param", "_merged_lora_per_tensor_param", "eval_mode", "is_mp_src_rank_with_outputs"):
+        assert callable(getattr(engine, name, None)), f"FSDPEngine.{name}"
+    workers = inspect.getsource(importlib.import_module("verl.workers.engine_workers"))
+    assert "self.actor = self.actor_worker_cls(" in inspect.getsource(ActorRolloutRefWorker)
+    assert "actor_worker_cls = TrainingWorker" in workers and "self.engine: BaseEngine = EngineRegistry.new(" in workers
+    assert callable(verl_model.convert_weight_keys)
+    from verl.workers.config.engine import FSDPEngineConfig
+
+    assert "reshard_after_forward" in FSDPEngineConfig.__dataclass_fields__
+
+
+@covers("verl.engine_device")
+def test_engine_device_is_verls_platform_device() -> None:
+    from mrtpo_verl.compat.verl import engine_device
+
+    assert engine_device() == torch.device("cpu")  # no accelerator here
+    assert "get_device_id()" in inspect.getsource(importlib.import_module("verl.workers.engine.fsdp.transformer_impl"))
+
+
+@covers("verl.actor_param_dtype")
+def test_actor_dtype_defaults_to_bf16_as_verls_fsdp_engine() -> None:
+    from verl.workers.engine.fsdp import transformer_impl
+
+    from mrtpo_verl.compat.verl import actor_param_dtype
+
+    assert 'mixed_precision_config.get("param_dtype", "bf16")' in inspect.getsource(transformer_impl)
+
+    def config(mixed: dict | None) -> Any:
+        fsdp = {"mixed_precision": mixed} if mixed is not None else {}
+        return OmegaConf.create({"actor_rollout_ref": {"actor": {"fsdp_config": fsdp}}})
+
+    assert actor_param_dtype(config(None)) == torch.bfloat16
+    assert actor_param_dtype(config({"param_dtype": "fp32"})) == torch.float32
+
+
+@covers("verl.engine_registered", "verl.register_rollout_adapter")
+def test_cpu_engine_and_rollout_registrations() -> None:
+    from verl.workers.rollout.base import get_rollout_class
+
+    from mrtpo_verl.compat.verl import engine_registered, register_rollout_adapter
+    from mrtpo_verl.cpu_support.engine import register_cpu_engines
+
+    register_cpu_engines()
+    assert engine_registered("language_model", "fsdp2", "cpu")
+    assert not engine_registered("language_model", "fsdp2", "no-such-device")
+    register_rollout_adapter("mrtpo-contract", "async", "collections.OrderedDict")
+    import collections
+
+    assert get_rollout_class("mrtpo-contract", "async") is collections.OrderedDict
+
+
+# --- compat.ray, compat.transformers, compat.torch_fsdp, compat.omegaconf -------------------------------------
+
+
+@covers("ray.liveness_call")
+def test_ray_actors_have_the_liveness_method() -> None:
+    source = inspect.getsource(importlib.import_module("ray.actor"))
+    assert "def __ray_ready__(self):" in source
+
+
+@covers("transformers.full_attention_cache_layers", "transformers.cache_from_layers")
+def test_a_real_models_cache_round_trips() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    from mrtpo_verl.compat.transformers import cache_from_layers, full_attention_cache_layers
+
+    config = LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        whole = model(ids).logits[:, -2:]
+        cache = model(ids[:, :3], use_cache=True).past_key_values
+        layers = full_attention_cache_layers(cache)
+        assert len(layers) == 2 and layers[0][0].shape[-2] == 3
+        expanded = cache_from_layers(layers, 2)
+        rest = model(ids[:, 3:].expand(2, -1), past_key_values=expanded).logits
+    assert torch.allclose(rest[0], whole[0], atol=1e-5) and torch.allclose(rest[1], whole[0], atol=1e-5)
+    assert layers[0][0].shape[-2] == 3  # the one-row prefix was not grown by the call
+    keys = torch.zeros(1, 1, 4, 2)
+    with pytest.raises(NotImplementedError, match="share_prefix=false"):
+        full_attention_cache_layers(DynamicCache(ddp_cache_data=[(keys, keys, torch.tensor([4]))]))  # sliding window
+
+
+@covers(
+    "torch_fsdp.wrapped_module",
+    "torch_fsdp.is_fsdp2",
+    "torch_fsdp.first_fsdp2_module",
+    "torch_fsdp.keep_unsharded",
+    "torch_fsdp.reshard",
+)
+def test_fsdp2_module_methods() -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    from mrtpo_verl.compat.torch_fsdp import first_fsdp2_module, is_fsdp2, wrapped_module
+
+    plain = torch.nn.Linear(2, 2)
+    assert wrapped_module(plain) is plain and not is_fsdp2(plain) and first_fsdp2_module(plain, None) is None
+    for name in ("unshard", "reshard", "set_reshard_after_forward"):
+        assert callable(getattr(FSDPModule, name)), f"FSDPModule.{name}"
+    assert "recurse" in inspect.signature(FSDPModule.set_reshard_after_forward).parameters
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    assert "_fsdp_wrapped_module" in inspect.getsource(importlib.import_module(FullyShardedDataParallel.__module__))
+
+
+@covers("omegaconf.written_value", "omegaconf.WrittenValue")
+def test_config_values_as_written() -> None:
+    from mrtpo_verl.compat.omegaconf import WrittenValue, written_value
+
+    config = OmegaConf.create({"a": 1, "b": "${a}", "c": None, "d": {"e": 2}, "f": [1]})
+    a, b, c = (written_value(config, key) for key in "abc")
+    assert isinstance(a, WrittenValue) and (a.value, a.is_interpolation, a.is_none) == (1, False, False)
+    assert b.is_interpolation and b.value is None and c.is_none
+    assert written_value(config, "d") is config.d and written_value(config, "f") is config.f
+
+
+# --- public names of verl used directly ------------------------------------------------------------------------
+
+
+def test_pinned_verl_version() -> None:
+    assert version("verl") == "0.9.1"
+
+
+def test_verl_loads_the_verl_plugins_entry_point_group() -> None:
+    source = inspect.getsource(verl)
+    assert '_entry_points(group="verl.plugins")' in source
+    assert "_ep.load()" in source
+    names = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
+    assert names.get("mrtpo") == "mrtpo_verl.plugin"
+
+
+def _keys_compute_advantage_passes_to_custom_estimators() -> set[str]:
+    """Read the `adv_kwargs` dict literal and every `adv_kwargs[...] =` in verl's compute_advantage."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(compute_advantage)))
+    keys: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id == "adv_kwargs" and isinstance(node.value, ast.Dict):
+                    keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+                if (
+                    isinstance(target, ast.Subscript)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "adv_kwargs"
+                    and isinstance(target.slice, ast.Constant)
+                ):
+                    keys.add(target.slice.value)
+    return keys
+
+
+def test_our_estimator_accepts_every_kwarg_verl_compute_advantage_passes() -> None:
+    passed = _keys_compute_advantage_passes_to_custom_estimators()
+    # What verl 0.9.1 passes (the gdpo- and optimal-baseline-only keys included).
+    assert {"token_level_rewards", "response_mask", "config", "index", "reward_baselines"} <= passed
+    signature = inspect.signature(compute_mrtpo_outcome_advantage)
+    signature.bind(**dict.fromkeys(passed))
+    named = {p for p in signature.parameters if p != "kwargs"}
+    assert {"token_level_rewards", "response_mask", "config", "index", "non_tensor_batch", "batch"} <= named
+
+
+def test_compute_advantage_signature() -> None:
+    params = list(inspect.signature(compute_advantage).parameters)
+    assert params == ["data", "adv_estimator", "gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config"]
+
+
+def test_compute_advantage_hands_the_batch_only_to_gdpo() -> None:
+    """The reason the advantage step opens advantage_inputs(...): verl passes non_tensor_batch to 'gdpo' only."""
+    source = inspect.getsource(compute_advantage)
+    assert 'if adv_estimator in (AdvantageEstimator.GDPO, "gdpo"):' in source
+    assert 'adv_kwargs["non_tensor_batch"] = data.non_tensor_batch' in source
+
+
+def test_registry_functions_and_grpo_helper_signature() -> None:
+    assert callable(core_algos.register_adv_est) and callable(core_algos.get_adv_estimator_fn)
+    params = list(inspect.signature(core_algos.compute_grpo_outcome_advantage).parameters)
+    assert params == ["token_level_rewards", "response_mask", "index", "epsilon", "norm_adv_by_std_in_grpo", "config"]
+    assert core_algos.get_adv_estimator_fn("mrtpo") is compute_mrtpo_outcome_advantage
+
+
+def test_gdpo_reads_its_reward_keys_and_weights_from_algo_config() -> None:
+    source = inspect.getsource(core_algos.compute_gdpo_outcome_advantage)
+    assert 'config.get("gdpo_reward_keys", None)' in source
+    assert 'config.get("gdpo_reward_weights", None)' in source
+    assert "verl_F.masked_whiten(new_advantage, response_mask) * response_mask" in source
+    fields = AlgoConfig.__dataclass_fields__
+    assert "gdpo_reward_keys" in fields and "gdpo_reward_weights" in fields
+
+
+def test_our_whitening_formula_equals_verls_masked_whiten() -> None:
+    """whiten_with_statistics repeats masked_whiten's formula; it must stay identical."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        values = torch.randn(8, 13, generator=generator) * 3
+        mask = (torch.rand(8, 13, generator=generator) > 0.3).float()
+        mean, variance = verl_F.masked_mean(values, mask), verl_F.masked_var(values, mask)
+        assert torch.equal(whiten_with_statistics(values, mean, variance), verl_F.masked_whiten(values, mask))
+
+
+def test_validate_config_still_asserts_the_texts_cli_errors_maps_to_fields() -> None:
+    from verl.utils import config as verl_config
+
+    from mrtpo_verl.cli_errors import VERL_CHECK_FIELDS
+
+    source = inspect.getsource(verl_config.validate_config)
+    for text in VERL_CHECK_FIELDS:
+        assert text in source, f"cli_errors.VERL_CHECK_FIELDS: verl's validate_config no longer says {text!r}"
