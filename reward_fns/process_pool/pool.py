@@ -9,10 +9,11 @@ thread cannot be stopped from outside. A worker process bounds all of that:
 
 * memory: each worker caps its address space (``RLIMIT_AS``, `DEFAULT_MEMORY_LIMIT_BYTES`);
   an allocation past it fails inside the worker (SQLite reports "out of memory");
-* time: the parent waits for a reply at most the task's deadline plus
-  `KILL_GRACE_S`; a worker that has not answered by then is killed (SIGKILL),
-  reaped and replaced, and the call raises `WorkerFailure` with the reason. A worker
-  that dies on its own (a signal, a crash) is handled the same way. The deadline
+* time: the parent waits for a reply at most the task's deadline plus its grace
+  (`kill_grace`: `KILL_GRACE_S`, or a quarter of a shorter deadline); a worker that
+  has not answered by then is killed (SIGKILL), reaped and replaced (a fork of the
+  pool's zygote), and the call raises `WorkerFailure` with the reason. A worker that
+  dies on its own (a signal, a crash) is handled the same way. The deadline
   starts when a worker takes the request, so time spent waiting for a free worker
   never makes a correct answer time out;
 * trust: replies are read with `protocol.PlainDataUnpickler` (no classes);
@@ -26,25 +27,27 @@ Design choices:
 
 * Size: `default_workers()` = ``min(32, os.cpu_count() + 4)``, the number of threads of
   the default executor in which verl's reward loop runs ``compute_score``, so under verl's
-  own concurrency no call waits for a worker. Workers start on demand (the first call starts
-  one and a spare; each call that takes the last idle worker starts another spare, up to
-  the size) and are then reused.
-* Workers are started with `subprocess.Popen` running `worker.main` in a fresh
-  interpreter (``python -c``), as with multiprocessing's "spawn", but without
-  re-importing the parent's ``__main__`` (a training script) and without fork,
-  which is unsafe in a process with threads (a Ray actor, a reward thread pool).
-  Each worker gets its own session, so a terminal's Ctrl-C reaches only the
-  parent, which then closes them.
+  own concurrency no call waits for a worker. Workers are forked on demand (a call that
+  finds no idle worker forks one, up to the size) and then reused; a worker killed at a
+  deadline is replaced by a fork at once.
+* Workers are forked by the pool's zygote (`zygote`): one process per pool, started with
+  `subprocess.Popen` in a fresh interpreter (``python -c``, its own session, so a terminal's
+  Ctrl-C reaches only the parent), that sets the workers' limits and imports the family's
+  libraries once. A fork is ready in 1-6 ms where a fresh interpreter needs 0.15-1.7 s of
+  CPU, so a worker killed at a deadline is replaced at once and the calls after it never
+  wait for imports. The pool's own process never forks (it may have threads: a Ray actor,
+  a reward thread pool), nor re-imports a training script's ``__main__``; the zygote forks
+  only while it is single-threaded.
 * The pool uses no threads: the calling thread waits on the worker's pipe with
-  ``poll`` until the deadline. Calls from several threads each take an idle worker.
+  ``poll`` until the deadline, then kills the worker itself through its pidfd (the zygote
+  reaps a worker only when asked, so its pid is never reused while the pool knows it), and
+  has the zygote reap it. Calls from several threads each take an idle worker.
 * Lifecycle: `shared_pool` makes one pool per process lazily, on the first
   call; `close_shared_pool` (also registered with ``atexit``) closes it. A child
   forked from the process forgets the parent's pool (and closes its copies of the
-  pipes) and builds its own on first use. A worker whose parent dies sees its input
-  close and exits once its current query ends (the in-worker deadline bounds that).
-* Replacements start at once, in the background: a fresh worker needs 0.1-2 s to
-  import its family's libraries, and `acquire` prefers a worker that is ready, so a
-  kill does not delay the next call when the pool has a spare.
+  pipes and the zygote's socket) and builds its own on first use. When the parent
+  dies, its zygote sees the socket close, kills its workers and exits; each worker
+  also sees its input close.
 """
 
 from __future__ import annotations
@@ -54,14 +57,12 @@ import contextlib
 import os
 import select
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import IO, Any
 
 from reward_fns.process_pool.protocol import HEADER, MAX_FRAME_BYTES, decode_body, encode_frame
+from reward_fns.process_pool.zygote import Zygote, ZygoteError
 from reward_fns.total import ResponseTimeout, VerifierFaultError
 
 
@@ -88,21 +89,26 @@ START_ATTEMPTS = 3
 # answer in between, mean a broken machine or install, not a hostile response.
 MAX_DEATHS_IN_A_ROW = 8
 # How long past its deadline the parent waits before killing a worker: the in-worker
-# progress handler normally answers first, with a clearer message.
+# timer or SQLite's progress handler normally answers first, with a clearer message.
 KILL_GRACE_S = 0.2
-# The worker's own timer fires this long after the deadline: a task's own deadline (SQLite's
-# progress handler) answers first with its clearer message.
-IN_WORKER_DEADLINE_DELAY_S = 0.05
+# A deadline shorter than KILL_GRACE_S / KILL_GRACE_FRACTION gets this fraction of itself as
+# its grace: a kill costs only a fork, and a tight deadline is kept tight.
+KILL_GRACE_FRACTION = 0.25
+# The worker's own timer fires this fraction of the grace after the deadline: a task's own
+# deadline (SQLite's progress handler) answers first, and the timer before the kill.
+IN_WORKER_TIMER_FRACTION = 0.25
 # A worker that is not ready this long after its start is considered broken.
 STARTUP_TIMEOUT_S = 60.0
 _CLOSE_WAIT_S = 2.0
 _READ_CHUNK_BYTES = 1 << 16
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-# The worker imports this very copy of the package: sys.path[0] (the caller's working directory
-# under -c, which might hold another checkout or a stray sqlglot.py) becomes this package's root.
-_WORKER_BOOTSTRAP = (
-    f"import sys; sys.path[0] = {_PACKAGE_ROOT!r}; from reward_fns.process_pool.worker import main; main()"
-)
+
+
+def kill_grace(timeout_s: float) -> float:
+    """Seconds past a task's deadline before its worker is killed.
+
+    ``min(KILL_GRACE_S, KILL_GRACE_FRACTION * timeout_s)``: 0.2 s from a 0.8 s deadline up.
+    """
+    return min(KILL_GRACE_S, KILL_GRACE_FRACTION * timeout_s)
 
 
 class WorkerFailure(Exception):
@@ -144,31 +150,50 @@ def _signal_name(returncode: int | None) -> str:
 
 
 class _Worker:
-    """One worker process and its two pipes."""
+    """One worker process, forked by the pool's zygote, with its two pipes and a pidfd.
 
-    def __init__(self, memory_limit_bytes: int, tasks_module: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_BOOTSTRAP, str(memory_limit_bytes), tasks_module],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-            bufsize=0,
-        )
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.requests: IO[bytes] = self.process.stdin
-        self.replies: IO[bytes] = self.process.stdout
+    A worker whose fork failed (the zygote could not start or answer) holds the reason in `failure`
+    and has no process: `poll_ready` raises it, so the pool's start retries count it.
+    """
+
+    def __init__(self, zygote: Zygote) -> None:
+        self.zygote = zygote
         self.ready = False
         self.started_at = time.monotonic()
+        self.failure: str | None = None
+        self.pid: int | None = None
+        self._pidfd: int | None = None
+        self._ended: str | None = None
+        self._end_lock = threading.Lock()
         self._pending = bytearray()
+        requests_read, requests_write = os.pipe()
+        replies_read, replies_write = os.pipe()
+        try:
+            self.pid = zygote.fork(requests_read, replies_write, STARTUP_TIMEOUT_S)
+            # Race-free: the zygote reaps a worker only when asked, so the pid is still this worker's.
+            self._pidfd = os.pidfd_open(self.pid)
+        except ZygoteError as error:
+            self.failure = f"{error}; the zygote: {zygote.returncode_text()}"
+        finally:
+            os.close(requests_read)
+            os.close(replies_write)
+        self.requests: IO[bytes] = os.fdopen(requests_write, "wb", buffering=0)
+        self.replies: IO[bytes] = os.fdopen(replies_read, "rb", buffering=0)
+
+    def alive(self) -> bool:
+        """Whether the worker process still runs (a pidfd becomes readable when its process exits)."""
+        return self._pidfd is not None and not _fd_readable(self._pidfd, 0.0)
 
     def poll_ready(self, timeout_s: float) -> bool:
         """Waits up to `timeout_s` for the worker's "ready" frame; True once it came.
 
         Raises:
-            _Broken: If the worker died or sent something else.
+            _Broken: If the fork failed, the worker died or sent something else.
         """
         if self.ready:
             return True
+        if self.failure is not None:
+            raise _Broken("died", self.failure)
         if not _readable(self.replies, timeout_s):
             return False
         message = self._read_frame(time.monotonic() + STARTUP_TIMEOUT_S)
@@ -217,35 +242,71 @@ class _Worker:
         del self._pending[:size]
         return data
 
-    def kill(self) -> str:
-        """Kills and reaps the worker (if still running) and closes its pipes; returns how it ended."""
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        self.forget()
-        return _signal_name(self.process.returncode)
+    def kill(self, status_wanted: bool = True) -> str:
+        """Kills the worker at once (through its pidfd), closes its pipes and returns how it ended.
+
+        With `status_wanted` the zygote reaps it now and its status is returned (a worker that died
+        on its own: its signal); otherwise the zygote reaps it in the background and "SIGKILL" is
+        returned at once. Idempotent.
+        """
+        with self._end_lock:
+            if self._ended is None:
+                if self._pidfd is not None:
+                    with contextlib.suppress(ProcessLookupError):  # it has exited already
+                        signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                if status_wanted or self.pid is None:
+                    self._ended = self._reaped(0.0)
+                else:
+                    with contextlib.suppress(ZygoteError):  # a dead zygote's orphans are reaped by init
+                        self.zygote.release(self.pid)
+                    self._ended = "SIGKILL"
+            self.forget()
+            return self._ended
+
+    def close_input(self) -> None:
+        """Closes the request pipe: the worker exits once its current task ends."""
+        with contextlib.suppress(OSError):
+            self.requests.close()
 
     def stop(self, wait_s: float) -> None:
-        """Asks the worker to exit by closing its input; kills it if it has not exited in time."""
-        self.requests.close()
+        """Asks the worker to exit by closing its input; the zygote kills it if it has not exited in time."""
+        self.close_input()
+        with self._end_lock:
+            if self._ended is None:
+                self._ended = self._reaped(wait_s)
+            self.forget()
+
+    def _reaped(self, wait_s: float) -> str:
+        if self.pid is None:
+            return self.failure or "never started"
         try:
-            self.process.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.forget()
+            return _signal_name(self.zygote.reap(self.pid, wait_s))
+        except ZygoteError as error:  # the zygote is gone: the worker's exit is its new parent's to reap
+            if self._pidfd is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            return f"SIGKILL, unreaped: {error}"
 
     def forget(self) -> None:
-        """Closes this process's ends of the pipes (after a fork: the child's copies only)."""
+        """Closes this process's ends of the pipes and the pidfd (after a fork: the child's copies only)."""
         for stream in (self.requests, self.replies):
             with contextlib.suppress(OSError):
                 stream.close()
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None
 
 
 def _readable(stream: IO[bytes], timeout_s: float) -> bool:
     """Whether the stream has data (or end of file) within `timeout_s` seconds."""
+    return _fd_readable(stream.fileno(), timeout_s)
+
+
+def _fd_readable(fd: int, timeout_s: float) -> bool:
+    """Whether a file descriptor is readable (data, end of file, an exited pidfd) within `timeout_s` seconds."""
     poller = select.poll()
-    poller.register(stream.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     return bool(poller.poll(max(timeout_s, 0.0) * 1000.0))
 
 
@@ -289,6 +350,9 @@ class WorkerPool:
         self._busy: set[_Worker] = set()
         self._condition = threading.Condition()
         self._closed = False
+        self._forking = 0  # workers being forked now, outside the lock
+        self._zygote: Zygote | None = None
+        self._zygote_lock = threading.Lock()
 
     @property
     def closed(self) -> bool:
@@ -297,12 +361,17 @@ class WorkerPool:
     def worker_pids(self) -> list[int]:
         """Process ids of the current workers (idle and busy)."""
         with self._condition:
-            return [worker.process.pid for worker in (*self._idle, *self._busy)]
+            return [worker.pid for worker in (*self._idle, *self._busy) if worker.pid is not None]
 
     def running_pids(self) -> list[int]:
         """Process ids of the workers that are ready and running a task now."""
         with self._condition:
-            return [worker.process.pid for worker in self._busy if worker.ready]
+            return [worker.pid for worker in self._busy if worker.ready and worker.pid is not None]
+
+    def zygote_pid(self) -> int | None:
+        """Process id of the zygote that forks this pool's workers (None before the first call)."""
+        with self._condition:
+            return None if self._zygote is None else self._zygote.pid
 
     def call(self, task_name: str, kwargs: dict[str, Any], timeout_s: float) -> Any:
         """Runs one task in a worker and returns its result.
@@ -310,7 +379,7 @@ class WorkerPool:
         Args:
             task_name: A name in the task module's ``TASKS``.
             kwargs: The task's arguments (plain data).
-            timeout_s: The task's deadline; the worker is killed `KILL_GRACE_S` after it.
+            timeout_s: The task's deadline; the worker is killed `kill_grace(timeout_s)` after it.
 
         Returns:
             The task's return value.
@@ -324,14 +393,16 @@ class WorkerPool:
         # The worker stops the task itself just past the deadline and stays warm; the kill below is
         # the backstop for a task stuck where its timer cannot reach it (one long C call).
         timeout_s = float(timeout_s)  # plain data in the request (a numpy scalar would not decode in the worker)
-        in_worker_deadline = timeout_s + IN_WORKER_DEADLINE_DELAY_S if self.timer_in_worker else None
+        grace = kill_grace(timeout_s)
+        in_worker_deadline = timeout_s + IN_WORKER_TIMER_FRACTION * grace if self.timer_in_worker else None
         request = encode_frame((task_name, kwargs, in_worker_deadline))
         worker = self._acquire()
-        deadline = time.monotonic() + timeout_s + KILL_GRACE_S
+        deadline = time.monotonic() + timeout_s + grace
         try:
             status, value = worker.call(request, deadline)
         except _Broken as broken:
-            how = self._replace(worker)
+            # A worker killed at its deadline ended by our SIGKILL: no need to wait for its status.
+            how = self._replace(worker, status_wanted=broken.kind != "deadline")
             if broken.kind == "deadline":
                 raise DeadlineExceeded(
                     f"the {self.label} worker did not answer within the {timeout_s:g} s deadline and was killed"
@@ -391,30 +462,49 @@ class WorkerPool:
                     f"no {self.label} worker process could start in {START_ATTEMPTS} attempts "
                     f"(python -c ... {self.tasks_module}): {reason} ({how}); its standard error above says why"
                 ) from None
-            if worker.process.poll() is None:
+            if worker.alive():
                 return worker
             self._replace(worker)
 
     def _take_idle(self) -> _Worker:
-        """Moves an idle worker to the busy set, waiting for one if all are busy."""
+        """Moves an idle worker to the busy set, or forks one (below `size`), or waits for one.
+
+        The fork happens outside the pool's lock, so other calls keep taking and returning workers.
+        """
         with self._condition:
             while True:
                 if self._closed:
                     raise WorkerFailure(f"the {self.label} worker pool is closed")
-                if not self._idle and len(self._busy) < self.size:
-                    self._idle.append(_Worker(self.memory_limit_bytes, self.tasks_module))
                 if self._idle:
                     worker = self._take_ready_or_oldest()
                     self._busy.add(worker)
-                    if not self._idle and len(self._busy) < self.size:
-                        # A spare starts warming up now, so the next call (or the one after a kill)
-                        # finds a ready worker instead of paying for the imports.
-                        self._idle.append(_Worker(self.memory_limit_bytes, self.tasks_module))
                     return worker
+                if len(self._busy) + self._forking < self.size:
+                    self._forking += 1
+                    break
                 self._condition.wait()
+        return self._forked(busy=True)
+
+    def _forked(self, busy: bool) -> _Worker:
+        """Forks a worker for a slot counted in `_forking` and puts it in the busy set or the idle list."""
+        try:
+            worker = self._fork_worker()
+        finally:
+            with self._condition:
+                self._forking -= 1
+        with self._condition:
+            if self._closed:
+                worker.kill()
+                raise WorkerFailure(f"the {self.label} worker pool is closed")
+            if busy:
+                self._busy.add(worker)
+            else:
+                self._idle.append(worker)
+                self._condition.notify()
+        return worker
 
     def _take_ready_or_oldest(self) -> _Worker:
-        """The most recently used ready worker (its caches are warm; a spare stays idle), else the oldest."""
+        """The most recently used ready worker (its caches are warm), else the oldest."""
         for index in range(len(self._idle) - 1, -1, -1):
             try:
                 if self._idle[index].poll_ready(0.0):
@@ -432,35 +522,70 @@ class WorkerPool:
                 self._idle.append(worker)
             self._condition.notify()
 
-    def _replace(self, worker: _Worker) -> str:
-        """Kills a broken worker and starts its replacement at once; returns how the old one ended."""
-        how = worker.kill()
+    def _fork_worker(self) -> _Worker:
+        """A worker forked by the zygote (started first, or again after it broke or died).
+
+        Raises:
+            WorkerFailure: If the pool is closed.
+        """
+        with self._zygote_lock:
+            if self._closed:
+                raise WorkerFailure(f"the {self.label} worker pool is closed")
+            if self._zygote is None or not self._zygote.usable():
+                if self._zygote is not None:
+                    self._zygote.close(0.0)
+                self._zygote = Zygote(self.memory_limit_bytes, self.tasks_module)
+            zygote = self._zygote
+        return _Worker(zygote)  # the first fork waits for the zygote's imports
+
+    def _replace(self, worker: _Worker, status_wanted: bool = True) -> str:
+        """Kills a broken worker and forks its replacement at once (when the zygote is up); returns how
+        the old one ended ("SIGKILL" unless `status_wanted`: the zygote then reaps it in the background)."""
+        how = worker.kill(status_wanted)
         with self._condition:
             self._busy.discard(worker)
             self.kills += 1
-            if not self._closed:
-                self._idle.append(_Worker(self.memory_limit_bytes, self.tasks_module))
+            zygote = self._zygote
+            refill = not self._closed and zygote is not None and zygote.ready and zygote.usable()
+            refill = refill and len(self._idle) + len(self._busy) + self._forking < self.size
+            if refill:
+                self._forking += 1
             self._condition.notify()
+        if refill:
+            with contextlib.suppress(WorkerFailure):  # closed meanwhile
+                self._forked(busy=False)  # a fork: ready in milliseconds
         return how
 
     def close(self, wait_s: float = _CLOSE_WAIT_S) -> None:
-        """Stops every worker (closes its input, kills it after `wait_s`) and reaps it. Idempotent."""
+        """Stops every worker (closes its input, kills it after `wait_s`), reaps it, then ends the zygote.
+
+        Idempotent.
+        """
         with self._condition:
             self._closed = True
             workers, self._idle = self._idle, []
             busy = list(self._busy)
             self._condition.notify_all()
+        with self._zygote_lock:
+            zygote, self._zygote = self._zygote, None
+        for worker in workers:
+            worker.close_input()
         for worker in workers:
             worker.stop(wait_s)
         for worker in busy:  # their callers get "died" and do not restart them
             worker.kill()
+        if zygote is not None:
+            zygote.close(wait_s)
 
     def forget_after_fork(self) -> None:
-        """In a forked child: closes the child's copies of the pipes, leaving the parent's workers alone."""
+        """In a forked child: closes the child's copies of the pipes and socket, leaving the parent's workers alone."""
         self._closed = True
         for worker in (*self._idle, *self._busy):
             worker.forget()
-        self._idle, self._busy = [], set()
+        if self._zygote is not None:
+            self._zygote.forget()
+        self._idle, self._busy, self._zygote = [], set(), None
+        self._zygote_lock = threading.Lock()  # another thread may have held it at the fork
 
 
 _shared: dict[str, WorkerPool] = {}

@@ -1,24 +1,23 @@
-"""Entry point of one worker process: `main`, started by `pool` with ``LIMIT TASKS_MODULE`` in argv.
+"""What one worker process does: `serve` a family's ``TASKS`` to its parent, one request at a time.
 
-Before importing anything large, the worker limits its own address space to LIMIT
-bytes (``RLIMIT_AS``) and the size of any file it writes (``RLIMIT_FSIZE``: SQLite's
-temporary files), and switches core dumps off. It then imports TASKS_MODULE (a family's
-module with a ``TASKS`` dict of plain-data functions, e.g. ``reward_fns.text_to_sql.sql_tasks``),
-says it is ready and answers requests from its standard input (see `protocol`) one at a
-time until the input closes (its parent closed the pool or died). Every task error becomes
-an ``("error", message)`` reply; the worker itself never stops on one.
+Workers are forked by their pool's zygote (`zygote`), which first runs `prepare_process`: it limits
+its own address space to LIMIT bytes (``RLIMIT_AS``) and the size of any file it writes
+(``RLIMIT_FSIZE``: SQLite's temporary files), switches core dumps off and sends stray prints to
+standard error, before importing the family's task module (a module with a ``TASKS`` dict of
+plain-data functions, e.g. ``reward_fns.text_to_sql.sql_tasks``). A worker inherits all of that
+and answers requests from its request pipe (see `protocol`) until the pipe closes (its parent
+closed the pool or died). Every task error becomes an ``("error", message)`` reply; the worker
+itself never stops on one.
 
 Deadlines are enforced twice. Inside, a request may carry a deadline: an interval timer
 (``SIGALRM``) then raises `TaskDeadline` in the task when it passes, and the worker answers
 ``("timeout", message)`` and stays warm for the next request (Python-level work such as
-NLTK's tokenizers stops within milliseconds; a fresh worker would cost the family's imports,
-about 2 s of CPU for instruction following). Outside, the parent kills a worker that answers
-late anyway, e.g. one stuck in a single C call such as SQLite's ``printf`` (`pool`).
+NLTK's tokenizers stops within milliseconds). Outside, the parent kills a worker that answers
+late anyway, e.g. one stuck in a single C call such as SQLite's ``printf`` or ``ast.parse`` (`pool`).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import resource
@@ -121,12 +120,13 @@ def serve(tasks: Mapping[str, Callable[..., Any]], requests: BinaryIO, replies: 
         replies.flush()
 
 
-def main() -> None:
-    """Limits resources, imports the task module named in argv (its libraries too) and serves the parent."""
-    _limit_resources(int(sys.argv[1]))
-    # The replies get a private copy of stdout; stdout itself then points at stderr, so
-    # that a stray print (ours or a library's) cannot corrupt the frames.
-    replies = os.fdopen(os.dup(1), "wb", buffering=0)
+def prepare_process(address_space_bytes: int) -> None:
+    """Limits resources and routes output: what every worker process has before any family import.
+
+    Standard output then points at standard error, so that a stray print (ours or a library's)
+    cannot reach a reply pipe; log messages are shortened (`MAX_LOG_MESSAGE_CHARS`).
+    """
+    _limit_resources(address_space_bytes)
     os.dup2(2, 1)
     # sqlglot logs a warning for each statement it falls back to parsing as an opaque command
     # (EXPLAIN, ...); a policy can emit thousands, and the verifier info says what matters.
@@ -134,11 +134,3 @@ def main() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_ShortenedMessages())
     logging.basicConfig(handlers=[handler], level=logging.WARNING, format="%(levelname)s:%(name)s: %(message)s")
-    # Imported before "ready": the parent's deadline starts then. A module that cannot be imported
-    # (missing checker data, a broken install) ends the worker here, with the traceback on stderr.
-    tasks = importlib.import_module(sys.argv[2]).TASKS
-    serve(tasks, sys.stdin.buffer, replies)
-
-
-if __name__ == "__main__":
-    main()

@@ -311,7 +311,7 @@ def compute_score(
         extra_info: The sample's extra_info; its "db_root" (if any) locates the databases.
         semantics: "spider" (bag of rows, ORDER BY-aware, column permutation allowed) or "bird" (set of rows).
         timeout_s: Wall-clock deadline for checking and running the predicted query (parse and execution
-            together); its worker process is killed ``process_pool.pool.KILL_GRACE_S`` after it.
+            together); its worker process is killed ``process_pool.pool.kill_grace(timeout_s)`` after it.
         gold_timeout_s: Wall-clock deadline for the gold query (run once, then cached).
         row_cap: Most rows a result may have; more is an error ("too many rows").
         db_root: Database root used when extra_info has none.
