@@ -23,8 +23,10 @@ import pytest
 
 from benchmarks.learning.cli import interleaved_plan
 from benchmarks.learning.records import eval_means, step_records
+from benchmarks.learning.report import Comparison, moved_table
 from benchmarks.learning.runner import merged_metrics
 from benchmarks.learning.stats import steps_to_threshold, t_interval
+from benchmarks.learning.tasks import DEMO_TASKS, demo_records, demo_task
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = ("if_c0", "if_c1")
@@ -163,3 +165,39 @@ def test_intervals_and_steps_to_threshold() -> None:
     assert t_interval([0.5]).text() == "0.500 (1 seed)"
     assert steps_to_threshold([(0, 0.1), (3, 0.5), (6, 0.8)], 0.5) == 3
     assert steps_to_threshold([(0, 0.1), (3, 0.4)], 0.5) is None
+
+
+def test_per_reward_fields_and_the_advantage_share_moved() -> None:
+    data = {
+        "reward/if_c0/mean": 0.5,
+        "reward/if_c0/zero_variance_group_share": 0.25,
+        "reward/if_c1/zero_variance_group_share": 1.0,
+        "mrtpo/beta": 0.5,
+        "mrtpo/if_c0/relevance_top10_share": 0.3,
+        "mrtpo/if_c0/weight_max": 2.5,
+    }
+    (record,) = step_records({1: data}, KEYS, {"src": 4}, "mrtpo", 3)
+    assert record["no_signal_groups"] == {"if_c0": 0.25, "if_c1": 1.0}
+    assert record["relevance_top10"] == {"if_c0": 0.3} and record["weight_max"] == {"if_c0": 2.5}
+    comparison = Comparison({("mrtpo", 3): [record]}, KEYS, ["mrtpo"])
+    # beta 0.5 x (0.3 - 0.10) = 0.100; no relevance logged for if_c1
+    assert "| mrtpo | 0.100 | — |" in moved_table(comparison, ["mrtpo"])
+
+
+@pytest.mark.parametrize("name", sorted(DEMO_TASKS))
+def test_a_demo_answer_that_follows_both_instructions_meets_both_rewards(name: str) -> None:
+    from reward_fns.instruction_following.checkers import check_constraint
+
+    closing = {"if_pair": "\n\nP.S. Ask me more.", "if_start_end": " Is there anything else I can help with?"}[name]
+    (record,) = demo_records(["How many singers are there?"], demo_task(name).constraints)
+    answers = {"both": "My answer is yes." + closing, "first only": "My answer is yes.", "neither": "Six."}
+    met = {
+        label: [
+            check_constraint(cid, kwargs, record["prompt"], answer).followed
+            for cid, kwargs in zip(record["instruction_id_list"], record["kwargs"], strict=True)
+        ]
+        for label, answer in answers.items()
+    }
+    assert met == {"both": [True, True], "first only": [True, False], "neither": [False, False]}
+    with pytest.raises(ValueError, match="choose from"):
+        demo_task("no_such_task")

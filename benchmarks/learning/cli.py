@@ -30,7 +30,7 @@ from benchmarks.learning.presets import PRESETS, Preset, preset
 from benchmarks.learning.records import step_records
 from benchmarks.learning.report import Comparison, write_report
 from benchmarks.learning.runner import RunFailed, finish_run, read_records, run_dir, run_is_done, run_trainer
-from benchmarks.learning.tasks import RECIPE_FAMILIES, Task, build_demo_task, recipe_task
+from benchmarks.learning.tasks import DEMO_TASKS, RECIPE_FAMILIES, Task, build_demo_task, recipe_task
 from benchmarks.machine import machine_description
 
 __all__ = ["interleaved_plan", "main"]
@@ -66,7 +66,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         sizes.add_argument(f"--{name}", type=kind, default=None)
     sizes.add_argument("--rollout", default=None, help="hf (cpu) | vllm | sglang (gpu)")
     sizes.add_argument("--override", action="append", default=[], help="one more hydra override for every run")
-    data = parser.add_argument_group("task (default: the built demo task if_pair)")
+    data = parser.add_argument_group("task (default: the preset's built demo task)")
+    data.add_argument("--task", choices=list(DEMO_TASKS), default=None, help="the built demo task (without --recipe)")
     data.add_argument("--recipe", choices=list(RECIPE_FAMILIES), default=None, help="a recipe's data and rewards")
     data.add_argument("--data-dir", type=Path, default=None, help="the recipe's prepared data (train/test.parquet)")
     data.add_argument("--train-file", type=Path, default=None)
@@ -108,6 +109,7 @@ def settings(args: argparse.Namespace) -> Preset:
         run_timeout_s=args.run_timeout_s,
         gpu_memory_utilization=args.gpu_memory_utilization,
         rollout=args.rollout,
+        task=args.task,
         seeds=tuple(args.seeds) if args.seeds else None,
         arms=arms,
         extra=(*preset(args.preset).extra, *args.override) if args.override else None,
@@ -173,9 +175,11 @@ def prepare_task(args: argparse.Namespace, chosen: Preset, out: Path, model: Pat
                 "error: --train-file/--val-file/--data-dir/--reward-keys need --recipe (the reward family)"
             )
         try:
-            return build_demo_task(out / "task", model, chosen.train_prompts, chosen.val_prompts)
+            return build_demo_task(out / "task", model, chosen.train_prompts, chosen.val_prompts, chosen.task)
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
+    if args.task is not None:
+        raise SystemExit("error: --task names a built demo task; --recipe trains on the recipe's data instead")
     data_dir = args.data_dir or Path.home() / "data" / "mrtpo" / args.recipe
     try:
         return recipe_task(

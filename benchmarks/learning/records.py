@@ -36,6 +36,13 @@ SCALARS = {
     "replay_s": "mrtpo/replay/time_s",
 }
 
+#: Record field -> verl metric name per reward (absent metrics are left out of the record).
+PER_REWARD = {
+    "relevance_top10": "mrtpo/{key}/relevance_top10_share",
+    "weight_max": "mrtpo/{key}/weight_max",
+    "no_signal_groups": "reward/{key}/zero_variance_group_share",
+}
+
 
 def eval_means(data: Mapping[str, Any], keys: Sequence[str], val_sources: Mapping[str, int]) -> dict[str, float]:
     """Each reward's evaluation mean over data sources, weighted by their evaluation rows.
@@ -69,8 +76,10 @@ def step_records(
 ) -> list[dict[str, Any]]:
     """One record per logged step, in step order: ``train`` and ``eval`` reward means, KL, entropy, timings.
 
-    Step 0 holds the evaluation before training only. ``relevance_top10`` (MRTPO arms) is each reward's
-    share of relevance on its top 10% of tokens (0.10 = uniform).
+    Step 0 holds the evaluation before training only. Per reward, when logged: ``relevance_top10``
+    (MRTPO arms) is its share of relevance on its top 10% of tokens (0.10 = uniform); ``weight_max``
+    (MRTPO arms) its largest token weight (1 = uniform); ``no_signal_groups`` the share of prompt groups
+    in which the reward was constant, so that its group-normalised advantage was 0 (no signal).
     """
     records = []
     for step in sorted(metrics):
@@ -85,12 +94,9 @@ def step_records(
         for field, name in SCALARS.items():
             if name in data:
                 record[field] = float(data[name])
-        relevance = {
-            key: float(data[f"mrtpo/{key}/relevance_top10_share"])
-            for key in keys
-            if f"mrtpo/{key}/relevance_top10_share" in data
-        }
-        if relevance:
-            record["relevance_top10"] = relevance
+        for field, pattern in PER_REWARD.items():
+            values = {key: float(data[name]) for key in keys if (name := pattern.format(key=key)) in data}
+            if values:
+                record[field] = values
         records.append(record)
     return records

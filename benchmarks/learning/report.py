@@ -7,7 +7,9 @@ From every finished run's records (``records.jsonl``):
 - per reward and arm: the evaluation before training, the final evaluation (mean, 95% t interval),
   its difference to ``gdpo`` paired by seed, and the steps each seed took to reach the threshold;
 - per arm: median step time (steps after the first; evaluation excluded) and its ratio to ``gdpo``,
-  the final KL and entropy, and for MRTPO arms each reward's relevance concentration.
+  the final KL and entropy;
+- per arm and reward: the share of training groups without signal, and for MRTPO arms the relevance
+  concentration and the largest token weight.
 
 The threshold of a reward, unless given, is the evaluation before training plus half of the best
 arm's mean improvement at the last step (so it is reachable by the best arm on average; none when
@@ -220,29 +222,93 @@ def timing_table(comparison: Comparison) -> list[str]:
     return lines
 
 
-def relevance_table(comparison: Comparison) -> list[str]:
-    arms = [arm for arm in comparison.arms if comparison.scalar(arm, "replay_s", skip_first=False)]
+def per_reward_mean(comparison: Comparison, arm: str, field: str, key: str) -> float | None:
+    """Mean of a per-reward record field (``records.PER_REWARD``) over the arm's steps and seeds."""
+    values = [
+        r[field][key] for seed in comparison.seeds(arm) for r in comparison.runs[(arm, seed)] if key in r.get(field, {})
+    ]
+    return statistics.fmean(values) if values else None
+
+
+def per_reward_table(comparison: Comparison, field: str, arms: Sequence[str], intro: str) -> list[str]:
     if not arms:
         return []
-    lines = [
-        "Relevance concentration of the MRTPO arms: each reward's share of relevance on its top 10% of "
-        "tokens (0.10 = uniform), mean over steps and seeds:",
-        "",
-        "| arm | " + " | ".join(comparison.keys) + " |",
-        "|---|" + "---|" * len(comparison.keys),
-    ]
+    lines = [intro, "", "| arm | " + " | ".join(comparison.keys) + " |", "|---|" + "---|" * len(comparison.keys)]
+    for arm in arms:
+        means = [per_reward_mean(comparison, arm, field, key) for key in comparison.keys]
+        lines.append(f"| {arm} | " + " | ".join("—" if m is None else f"{m:.3f}" for m in means) + " |")
+    return [*lines, ""]
+
+
+def moved_table(comparison: Comparison, arms: Sequence[str]) -> list[str]:
+    """Per MRTPO arm and reward: β_s · (top-10% share − 0.10), a lower bound on the advantage share moved.
+
+    A response's weights w = (1 − β_s) + β_s · q/q̄ move the share β_s · TV(q/Σq, uniform) of the reward's
+    advantage away from uniform placement, and that total variation is at least the top-10% tokens' share
+    of relevance minus their uniform share (0.10 up to the rounding of 10% of a response to whole tokens).
+    """
+    rows = []
     for arm in arms:
         cells = []
         for key in comparison.keys:
             values = [
-                r["relevance_top10"][key]
+                r["beta"] * (r["relevance_top10"][key] - 0.10)
                 for seed in comparison.seeds(arm)
                 for r in comparison.runs[(arm, seed)]
-                if key in r.get("relevance_top10", {})
+                if "beta" in r and key in r.get("relevance_top10", {})
             ]
             cells.append(f"{statistics.fmean(values):.3f}" if values else "—")
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append(f"| {arm} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return [
+        "Advantage moved by the MRTPO arms, at least: β_s × (top-10% share − 0.10) per step (β_s ramps up over "
+        "the warm-up), mean over steps and seeds; the share of each reward's advantage placed away from "
+        "GDPO's uniform spread is at least about this (10% of a response is rounded up to whole tokens):",
+        "",
+        "| arm | " + " | ".join(comparison.keys) + " |",
+        "|---|" + "---|" * len(comparison.keys),
+        *rows,
+        "",
+    ]
+
+
+def signal_tables(comparison: Comparison) -> list[str]:
+    """Per reward: groups without signal (every arm); relevance concentration and top token weight (MRTPO)."""
+    mrtpo_arms = [arm for arm in comparison.arms if comparison.scalar(arm, "replay_s", skip_first=False)]
+    logged = [
+        arm
+        for arm in comparison.arms
+        if any(per_reward_mean(comparison, arm, "no_signal_groups", k) is not None for k in comparison.keys)
+    ]
+    return [
+        *per_reward_table(
+            comparison,
+            "no_signal_groups",
+            logged,
+            "Training groups without signal: share of prompt groups in which a reward was the same for every "
+            "response (its advantage 0 for GDPO and MRTPO alike), mean over steps and seeds:",
+        ),
+        *per_reward_table(
+            comparison,
+            "relevance_top10",
+            mrtpo_arms,
+            "Relevance concentration of the MRTPO arms: each reward's share of relevance on its top 10% of "
+            "tokens (0.10 = uniform), mean over steps and seeds:",
+        ),
+        *per_reward_table(
+            comparison,
+            "weight_max",
+            [
+                arm
+                for arm in mrtpo_arms
+                if any(per_reward_mean(comparison, arm, "weight_max", k) for k in comparison.keys)
+            ],
+            "Largest token weight of the MRTPO arms per reward, w = (1 − β_s) + β_s · q/q̄ (1 = uniform, GDPO's), "
+            "mean over steps and seeds:",
+        ),
+        *moved_table(comparison, mrtpo_arms),
+    ]
 
 
 def write_report(
@@ -271,7 +337,7 @@ def write_report(
         "",
         *timing_table(comparison),
         "",
-        *relevance_table(comparison),
+        *signal_tables(comparison),
     ]
     path.write_text("\n".join(body) + "\n", encoding="utf-8")
     return plots

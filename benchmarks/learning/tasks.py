@@ -1,14 +1,22 @@
-"""What the arms train on: the built demo task, or a recipe's prepared data and reward functions.
+"""What the arms train on: a built demo task, or a recipe's prepared data and reward functions.
 
-The demo task (``if_pair``) is built from data the project ships: the short questions of the
-bundled Spider subset (``reward_fns/data/spider/dev_subset.jsonl``), each followed by the same two
-IFEval instructions in IFEval's own wording. The instruction-following verifier scores each
-instruction as its own reward (``if_c0``, ``if_c1``), so the two rewards' evidence sits on different
-tokens: one of three fixed answers ("My answer is yes." ...) that opens the response, and a
-postscript starting with "P.S." that closes it. Both fit in a few tokens, so responses can be short,
-and SmolLM2-135M-Instruct meets each in a minority of its sampled answers (about 25% and 38% of 48
-samples at temperature 1, 32 tokens), so both can be learnt. IFEval's title instruction is not used:
-greedy answers meet it on every evaluation prompt before any training.
+A demo task is built from data the project ships: the short questions of the bundled Spider subset
+(``reward_fns/data/spider/dev_subset.jsonl``), each followed by the same two IFEval instructions in
+IFEval's own wording. The instruction-following verifier scores each instruction as its own reward
+(``if_c0``, ``if_c1``), so the two rewards' evidence sits on different tokens. Both demo tasks open
+with one of three fixed answers ("My answer is yes." ...: ``if_c0``, the first tokens):
+
+- ``if_start_end`` closes with IFEval's end phrase "Is there anything else I can help with?" and
+  nothing after it (``if_c1``, the last tokens). SmolLM2-135M-Instruct met the two in 13 and 4 of 48
+  answers sampled at temperature 1 with 24 tokens (12 training prompts x 4; 9 and 4 of the 12
+  four-answer groups mixed), and in 1 and 0 of the 12 greedy evaluation answers.
+- ``if_pair`` asks for a postscript starting with "P.S." (``if_c1``). The model met the two in 5 and
+  11 of 48 sampled answers (3 and 8 groups mixed), 0 and 1 of 12 greedy ones. Its postscript check
+  passes on any line starting with "P.S.", wherever it sits, and GDPO and MRTPO alike learn it in one
+  step at the CPU preset's learning rate.
+
+IFEval's title instruction is not used: greedy answers meet it on every evaluation prompt before any
+training. ``python -m benchmarks.learning.base_rates`` measures such rates for a demo task.
 Records are written in IFEval's schema and converted by the recipes' own
 ``recipes/data/prepare_instruction_following.py``, exactly as a user's ``.jsonl`` would be. Train and
 evaluation questions are disjoint.
@@ -28,17 +36,50 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEMO_CONSTRAINTS", "RECIPE_FAMILIES", "Task", "build_demo_task", "recipe_task"]
+__all__ = ["DEMO_TASKS", "RECIPE_FAMILIES", "DemoTask", "Task", "build_demo_task", "demo_task", "recipe_task"]
 
 REPO = Path(__file__).resolve().parents[2]
 SPIDER_QUESTIONS = REPO / "reward_fns" / "data" / "spider" / "dev_subset.jsonl"
 
-#: The demo task's two instructions (IFEval ids and arguments): reward ``if_c0`` is about the first
-#: tokens of the answer, ``if_c1`` about its last ones.
-DEMO_CONSTRAINTS: tuple[tuple[str, dict[str, str]], ...] = (
-    ("detectable_format:constrained_response", {}),
-    ("detectable_content:postscript", {"postscript_marker": "P.S."}),
-)
+#: An IFEval instruction: its id and arguments.
+Constraint = tuple[str, dict[str, str]]
+FIXED_ANSWER: Constraint = ("detectable_format:constrained_response", {})
+
+
+@dataclass(frozen=True)
+class DemoTask:
+    """A demo task: the instructions appended to every question (reward ``if_c<i>`` scores the i-th)."""
+
+    name: str
+    title: str
+    constraints: tuple[Constraint, ...]
+
+
+#: The demo tasks by name: reward ``if_c0`` is about the first tokens of the answer, ``if_c1`` about
+#: its last ones.
+DEMO_TASKS: dict[str, DemoTask] = {
+    task.name: task
+    for task in (
+        DemoTask(
+            "if_start_end",
+            "Spider questions + IFEval fixed-answer and end-phrase instructions",
+            (FIXED_ANSWER, ("startend:end_checker", {"end_phrase": "Is there anything else I can help with?"})),
+        ),
+        DemoTask(
+            "if_pair",
+            "Spider questions + IFEval fixed-answer and postscript instructions",
+            (FIXED_ANSWER, ("detectable_content:postscript", {"postscript_marker": "P.S."})),
+        ),
+    )
+}
+
+
+def demo_task(name: str) -> DemoTask:
+    """The demo task of that name; an unknown name raises ``ValueError`` listing the known ones."""
+    if name not in DEMO_TASKS:
+        raise ValueError(f"unknown demo task {name!r}; choose from {list(DEMO_TASKS)}")
+    return DEMO_TASKS[name]
+
 
 #: Recipe task folder -> reward family of ``reward_fns.dispatch`` (as in ``recipes/<task>/common.sh``).
 RECIPE_FAMILIES = {
@@ -107,28 +148,17 @@ def spider_questions() -> list[str]:
     return sorted(seen, key=len)
 
 
-def demo_records(questions: Sequence[str]) -> list[dict]:
-    """IFEval-schema records: each question followed by the two instructions' IFEval descriptions."""
+def demo_prompt(question: str, constraints: Sequence[Constraint]) -> str:
+    """The question followed by the instructions' IFEval descriptions."""
     from reward_fns.instruction_following.checkers import check_constraint
 
-    descriptions = [check_constraint(cid, kwargs, "", "x").description for cid, kwargs in DEMO_CONSTRAINTS]
-    records = []
-    for index, question in enumerate(questions):
-        prompt = f"{question} {' '.join(descriptions)}"
-        records.append(
-            {
-                "key": index,
-                "prompt": prompt,
-                "instruction_id_list": [cid for cid, _ in DEMO_CONSTRAINTS],
-                "kwargs": [dict(kwargs) for _, kwargs in DEMO_CONSTRAINTS],
-            }
-        )
-    return records
+    descriptions = [check_constraint(cid, kwargs, "", "x").description for cid, kwargs in constraints]
+    return f"{question} {' '.join(descriptions)}"
 
 
-def build_demo_task(out_dir: Path, model_dir: Path, train_prompts: int, val_prompts: int) -> Task:
-    """Write the demo task's parquet files under ``out_dir`` (the shortest questions; evaluation takes
-    every other one of the first ``2 * val_prompts``, so both splits cover the same lengths)."""
+def demo_split(train_prompts: int, val_prompts: int) -> tuple[list[str], list[str]]:
+    """(train, evaluation) questions: the shortest ones; evaluation takes every other one of the first
+    ``2 * val_prompts``, so both splits cover the same lengths."""
     questions = spider_questions()
     if len(questions) < train_prompts + val_prompts:
         raise ValueError(
@@ -136,34 +166,55 @@ def build_demo_task(out_dir: Path, model_dir: Path, train_prompts: int, val_prom
             "evaluation prompts asked"
         )
     head = questions[: 2 * val_prompts]
-    val = head[1::2]
-    train = (head[0::2] + questions[2 * val_prompts :])[:train_prompts]
+    return (head[0::2] + questions[2 * val_prompts :])[:train_prompts], head[1::2]
+
+
+def demo_records(questions: Sequence[str], constraints: Sequence[Constraint]) -> list[dict]:
+    """IFEval-schema records: each question followed by the instructions' IFEval descriptions."""
+    records = []
+    for index, question in enumerate(questions):
+        prompt = demo_prompt(question, constraints)
+        records.append(
+            {
+                "key": index,
+                "prompt": prompt,
+                "instruction_id_list": [cid for cid, _ in constraints],
+                "kwargs": [dict(kwargs) for _, kwargs in constraints],
+            }
+        )
+    return records
+
+
+def build_demo_task(out_dir: Path, model_dir: Path, train_prompts: int, val_prompts: int, name: str) -> Task:
+    """Write the demo task ``name``'s parquet files under ``out_dir`` (questions from :func:`demo_split`)."""
+    chosen = demo_task(name)
+    train, val = demo_split(train_prompts, val_prompts)
     source = out_dir / "source"
     source.mkdir(parents=True, exist_ok=True)
     prepared = out_dir / "data"
     changed = False
     for split, items in (("train", train), ("test", val)):
-        text = "".join(json.dumps(record) + "\n" for record in demo_records(items))
+        text = "".join(json.dumps(record) + "\n" for record in demo_records(items, chosen.constraints))
         path = source / f"{split}.jsonl"
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
             changed = True
     if changed or not all((prepared / f"{split}.parquet").is_file() for split in ("train", "test")):
-        prepare_with_recipe_script(source, prepared)
+        prepare_with_recipe_script(source, prepared, len(chosen.constraints))
     from reward_fns.dispatch import reward_keys
 
     return finish_task(
-        "if_pair (Spider questions + IFEval fixed-answer and postscript instructions)",
+        f"{chosen.name} ({chosen.title})",
         prepared / "train.parquet",
         prepared / "test.parquet",
         "instruction_following",
-        reward_keys(["instruction_following"], len(DEMO_CONSTRAINTS)),
-        len(DEMO_CONSTRAINTS),
+        reward_keys(["instruction_following"], len(chosen.constraints)),
+        len(chosen.constraints),
         model_dir,
     )
 
 
-def prepare_with_recipe_script(source: Path, prepared: Path) -> None:
+def prepare_with_recipe_script(source: Path, prepared: Path, max_constraints: int) -> None:
     """``recipes/data/prepare_instruction_following.py`` on the demo task's two ``.jsonl`` files."""
     subprocess.run(
         [
@@ -174,7 +225,7 @@ def prepare_with_recipe_script(source: Path, prepared: Path) -> None:
             "--test",
             str(source / "test.jsonl"),
             "--max-constraints",
-            str(len(DEMO_CONSTRAINTS)),
+            str(max_constraints),
             "--output-dir",
             str(prepared),
         ],
