@@ -4,6 +4,7 @@
 # evaluation every few steps; report with a plot per reward (python -m benchmarks.learning).
 #
 #   bash recipes/learning/compare.sh                                  # CPU preset, the built demo task
+#   TASK=if_pair bash recipes/learning/compare.sh                     # the other demo task
 #   PRESET=gpu bash recipes/learning/compare.sh                       # one GPU, vLLM rollout, aimed at 8 min
 #   PRESET=gpu ROLLOUT=sglang MODEL_PATH=/models/qwen bash recipes/learning/compare.sh
 #   RECIPE=instruction_following DATA_DIR=~/data/mrtpo/instruction_following bash recipes/learning/compare.sh
@@ -11,6 +12,7 @@
 #   bash recipes/learning/compare.sh --dry-run                        # compose and check every arm; start nothing
 #
 # Knobs (environment; empty = the preset's value): PRESET (cpu | gpu | smoke), OUT_DIR, SEEDS, ARMS,
+# TASK (demo task: if_start_end | if_pair; default: the preset's),
 # RECIPE (text_to_sql | tool_calling | instruction_following; default: the demo task), DATA_DIR
 # (the recipe's prepared train.parquet/test.parquet), REWARD_KEYS (a subset of the family's),
 # MODEL_PATH (a local HF model folder; default: the embedded SmolLM2-135M-Instruct), ROLLOUT
@@ -29,6 +31,7 @@ ARGS=(--preset "${PRESET}")
 [[ -n "${SEEDS:-}" ]] && ARGS+=(--seeds ${SEEDS})
 # shellcheck disable=SC2206
 [[ -n "${ARMS:-}" ]] && ARGS+=(--arms ${ARMS})
+[[ -n "${TASK:-}" ]] && ARGS+=(--task "${TASK}")
 [[ -n "${RECIPE:-}" ]] && ARGS+=(--recipe "${RECIPE}")
 [[ -n "${DATA_DIR:-}" ]] && ARGS+=(--data-dir "${DATA_DIR}")
 # shellcheck disable=SC2206
