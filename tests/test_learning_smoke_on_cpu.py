@@ -23,7 +23,7 @@ import pytest
 
 from benchmarks.learning.cli import interleaved_plan
 from benchmarks.learning.records import eval_means, step_records
-from benchmarks.learning.report import Comparison, moved_table
+from benchmarks.learning.report import Comparison, moved_table, reward_table
 from benchmarks.learning.runner import merged_metrics
 from benchmarks.learning.stats import steps_to_threshold, t_interval
 from benchmarks.learning.tasks import DEMO_TASKS, demo_records, demo_task
@@ -86,6 +86,7 @@ def test_report_has_tables_and_a_plot_per_reward(smoke: tuple[Path, subprocess.C
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000
         assert f"![{key}](report_{key}.png)" in report
     assert "| gdpo | 1 |" in report and "| mrtpo | 1 |" in report
+    assert "eval mean over steps ≥ 1" in report
     assert "1.00x" in report  # gdpo's own step-time ratio
 
 
@@ -201,3 +202,18 @@ def test_a_demo_answer_that_follows_both_instructions_meets_both_rewards(name: s
     assert met == {"both": [True, True], "first only": [True, False], "neither": [False, False]}
     with pytest.raises(ValueError, match="choose from"):
         demo_task("no_such_task")
+
+
+def test_the_evaluation_mean_over_training_steps_leaves_out_step_0() -> None:
+    def run(arm: str, values: list[float]) -> list[dict]:
+        return [{"arm": arm, "seed": 1, "step": step, "eval": {"if_c0": v}} for step, v in enumerate(values)]
+
+    comparison = Comparison(
+        {("gdpo", 1): run("gdpo", [0.5, 0.0, 0.5]), ("mrtpo", 1): run("mrtpo", [0.5, 1.0, 1.0])},
+        KEYS,
+        ["gdpo", "mrtpo"],
+    )
+    assert comparison.mean_eval("gdpo", 1, "if_c0") == 0.25
+    assert comparison.mean_eval("mrtpo", 1, "if_c0") == 1.0
+    table = "\n".join(reward_table(comparison, "if_c0", {}))
+    assert "| mrtpo | 1 | 1.000 (1 seed) | 0.500 (1 seed) | 1.000 (1 seed) | 0.750 (1 seed) |" in table

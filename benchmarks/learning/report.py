@@ -5,7 +5,8 @@ From every finished run's records (``records.jsonl``):
 - per reward, a PNG with the evaluation curve of each arm (mean over seeds, 95% Student-t band)
   and the training-batch mean (dashed; mean over seeds);
 - per reward and arm: the evaluation before training, the final evaluation (mean, 95% t interval),
-  its difference to ``gdpo`` paired by seed, and the steps each seed took to reach the threshold;
+  the evaluation's mean over the training steps (the area under the curve: how early it rose), each
+  with its difference to ``gdpo`` paired by seed, and the steps each seed took to reach the threshold;
 - per arm: median step time (steps after the first; evaluation excluded) and its ratio to ``gdpo``,
   the final KL and entropy;
 - per arm and reward: the share of training groups without signal, and for MRTPO arms the relevance
@@ -52,6 +53,11 @@ class Comparison:
     def final_eval(self, arm: str, seed: int, key: str) -> float | None:
         curve = self.eval_curve(arm, seed, key)
         return max(curve)[1] if curve else None
+
+    def mean_eval(self, arm: str, seed: int, key: str) -> float | None:
+        """The evaluation's mean over the evaluated training steps (step 0 excluded): the area under the curve."""
+        values = [value for step, value in self.eval_curve(arm, seed, key) if step > 0]
+        return statistics.fmean(values) if values else None
 
     def initial_eval(self, key: str) -> float | None:
         curves = [sorted(self.eval_curve(arm, seed, key)) for arm, seed in self.runs]
@@ -146,6 +152,14 @@ def plot_reward(comparison: Comparison, key: str, path: Path, title: str) -> Non
     plt.close(figure)
 
 
+def paired_to_gdpo(comparison: Comparison, arm: str, key: str, values: Mapping[int, float], of: Any) -> str:
+    """The t interval of ``values[seed] − of("gdpo", seed, key)`` over the seeds both have ("—" for gdpo)."""
+    if arm == "gdpo":
+        return "—"
+    pairs = [value - base for seed, value in values.items() if (base := of("gdpo", seed, key)) is not None]
+    return t_interval(pairs).text() if pairs else "n/a (no gdpo run with these seeds)"
+
+
 def reward_table(comparison: Comparison, key: str, thresholds: Mapping[str, float]) -> list[str]:
     threshold = comparison.threshold(key, thresholds)
     start = comparison.initial_eval(key)
@@ -160,25 +174,27 @@ def reward_table(comparison: Comparison, key: str, thresholds: Mapping[str, floa
         title,
         "",
         "| arm | seeds | final eval, mean [95% t] | final − gdpo, paired by seed [95% t] "
-        "| steps to threshold, per seed | reached |",
-        "|---|---|---|---|---|---|",
+        "| eval mean over steps ≥ 1 [95% t] | its − gdpo, paired [95% t] | steps to threshold, per seed | reached |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for arm in comparison.arms:
         seeds = comparison.seeds(arm)
         finals = {s: v for s in seeds if (v := comparison.final_eval(arm, s, key)) is not None}
         final = t_interval(list(finals.values()))
-        if arm == "gdpo":
-            paired = "—"
-        else:
-            pairs = [finals[s] - base for s in finals if (base := comparison.final_eval("gdpo", s, key)) is not None]
-            paired = t_interval(pairs).text() if pairs else "n/a (no gdpo run with these seeds)"
+        areas = {s: v for s in seeds if (v := comparison.mean_eval(arm, s, key)) is not None}
+        area = t_interval(list(areas.values()))
+        paired = paired_to_gdpo(comparison, arm, key, finals, comparison.final_eval)
+        paired_area = paired_to_gdpo(comparison, arm, key, areas, comparison.mean_eval)
         reach = {
             s: steps_to_threshold(comparison.eval_curve(arm, s, key), threshold) if threshold is not None else None
             for s in seeds
         }
         per_seed = ", ".join(f"s{s}: {step if step is not None else '—'}" for s, step in reach.items())
         reached = sum(step is not None for step in reach.values())
-        lines.append(f"| {arm} | {len(seeds)} | {final.text()} | {paired} | {per_seed} | {reached}/{len(seeds)} |")
+        lines.append(
+            f"| {arm} | {len(seeds)} | {final.text()} | {paired} | {area.text()} | {paired_area} | {per_seed} "
+            f"| {reached}/{len(seeds)} |"
+        )
     return lines
 
 
