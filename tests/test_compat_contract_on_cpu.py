@@ -15,6 +15,7 @@ import functools
 import hashlib
 import importlib
 import inspect
+import os
 import pkgutil
 import textwrap
 from collections import defaultdict
@@ -257,14 +258,15 @@ def test_reward_outputs_and_tags_read_back(transfer_queue: Any) -> None:
 
 @covers("transfer_queue.row_key_parts", "transfer_queue.is_padding_row")
 def test_verls_row_keys_and_padding_tag() -> None:
-    from verl.trainer.ppo.v1 import agent_loop_tq, utils
+    from verl.trainer.ppo import padding_utils
+    from verl.trainer.ppo.v1 import agent_loop_tq
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
     from mrtpo_verl.compat.transfer_queue import row_key_parts
 
     assert 'keys.append(f"{uid}_{session_id}_{i}")' in inspect.getsource(agent_loop_tq)
     assert 'uid = key.split("_")[0]' in inspect.getsource(ReplayBuffer._materialize_batch)
-    assert '"is_padding"' in inspect.getsource(utils)
+    assert "is_padding=True," in inspect.getsource(padding_utils)
     assert row_key_parts("a_b_uid_3_0") == ("a_b_uid", 3)
     with pytest.raises(ValueError, match="is not verl's"):
         row_key_parts("uid_x_0")
@@ -366,10 +368,22 @@ def test_fsdp_engine_attributes_the_seam_reads() -> None:
 
 @covers("verl.engine_device")
 def test_engine_device_is_verls_platform_device() -> None:
-    from mrtpo_verl.compat.verl import engine_device
+    """Under our CPU platform (as in every CPU test's workers) verl's device helpers answer cpu."""
+    import subprocess
+    import sys
 
-    assert engine_device() == torch.device("cpu")  # no accelerator here
     assert "get_device_id()" in inspect.getsource(importlib.import_module("verl.workers.engine.fsdp.transformer_impl"))
+    probe = "\n".join(
+        (
+            "import mrtpo_verl.cpu_support.platform",
+            "from mrtpo_verl.compat.verl import engine_device",
+            "print(engine_device())",
+        )
+    )
+    env = {**os.environ, "VERL_PLATFORM": "cpu"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "cpu"
 
 
 @covers("verl.actor_param_dtype")
