@@ -29,7 +29,7 @@ Design choices:
   the default executor in which verl's reward loop runs ``compute_score``, so under verl's
   own concurrency no call waits for a worker. Workers are forked on demand (a call that
   finds no idle worker forks one, up to the size) and then reused; a worker killed at a
-  deadline is replaced by a fork at once.
+  deadline is replaced by the next call that needs one.
 * Workers are forked by the pool's zygote (`zygote`): one process per pool, started with
   `subprocess.Popen` in a fresh interpreter (``python -c``, its own session, so a terminal's
   Ctrl-C reaches only the parent), that sets the workers' limits and imports the family's
@@ -177,6 +177,7 @@ class _Worker:
         finally:
             os.close(requests_read)
             os.close(replies_write)
+        os.set_blocking(requests_write, False)  # a request is written under its deadline (`_write_all`)
         self.requests: IO[bytes] = os.fdopen(requests_write, "wb", buffering=0)
         self.replies: IO[bytes] = os.fdopen(replies_read, "rb", buffering=0)
 
@@ -208,15 +209,23 @@ class _Worker:
         Raises:
             _Broken: If the deadline passes, the worker dies first or its reply is unreadable.
         """
-        try:
-            self.requests.write(request)
-            self.requests.flush()
-        except (BrokenPipeError, OSError) as error:
-            raise _Broken("died", f"it could not take the query ({error})") from error
+        self._write_all(request, deadline)
         reply = self._read_frame(deadline)
         if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] in ("ok", "error", "timeout")):
             raise _Broken("protocol", f"it sent {reply!r:.200} instead of a reply")
         return reply
+
+    def _write_all(self, data: bytes, deadline: float) -> None:
+        """Writes a request into the (non-blocking) pipe as the worker reads it, giving up at the deadline."""
+        view, written = memoryview(data), 0
+        while written < len(view):
+            try:
+                written += os.write(self.requests.fileno(), view[written:])
+            except BlockingIOError:
+                if not _fd_writable(self.requests.fileno(), deadline - time.monotonic()):
+                    raise _Broken("deadline") from None
+            except OSError as error:  # BrokenPipeError: it died
+                raise _Broken("died", f"it could not take the query ({error})") from error
 
     def _read_frame(self, deadline: float) -> Any:
         header = self._read_exactly(HEADER.size, deadline)
@@ -301,6 +310,13 @@ class _Worker:
 def _readable(stream: IO[bytes], timeout_s: float) -> bool:
     """Whether the stream has data (or end of file) within `timeout_s` seconds."""
     return _fd_readable(stream.fileno(), timeout_s)
+
+
+def _fd_writable(fd: int, timeout_s: float) -> bool:
+    """Whether a pipe can take more data (or its reader is gone) within `timeout_s` seconds."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT | select.POLLERR)
+    return bool(poller.poll(max(timeout_s, 0.0) * 1000.0))
 
 
 def _fd_readable(fd: int, timeout_s: float) -> bool:
@@ -483,24 +499,25 @@ class WorkerPool:
                     self._forking += 1
                     break
                 self._condition.wait()
-        return self._forked(busy=True)
+        return self._forked()
 
-    def _forked(self, busy: bool) -> _Worker:
-        """Forks a worker for a slot counted in `_forking` and puts it in the busy set or the idle list."""
+    def _forked(self) -> _Worker:
+        """Forks a worker for a slot counted in `_forking` and puts it in the busy set."""
         try:
             worker = self._fork_worker()
-        finally:
+        except BaseException:
             with self._condition:
                 self._forking -= 1
-        with self._condition:
-            if self._closed:
-                worker.kill()
-                raise WorkerFailure(f"the {self.label} worker pool is closed")
-            if busy:
-                self._busy.add(worker)
-            else:
-                self._idle.append(worker)
                 self._condition.notify()
+            raise
+        with self._condition:
+            self._forking -= 1
+            closed = self._closed
+            if not closed:
+                self._busy.add(worker)
+        if closed:
+            worker.kill()
+            raise WorkerFailure(f"the {self.label} worker pool is closed")
         return worker
 
     def _take_ready_or_oldest(self) -> _Worker:
@@ -539,21 +556,14 @@ class WorkerPool:
         return _Worker(zygote)  # the first fork waits for the zygote's imports
 
     def _replace(self, worker: _Worker, status_wanted: bool = True) -> str:
-        """Kills a broken worker and forks its replacement at once (when the zygote is up); returns how
-        the old one ended ("SIGKILL" unless `status_wanted`: the zygote then reaps it in the background)."""
+        """Kills a broken worker; returns how it ended ("SIGKILL" unless `status_wanted`: the zygote
+        then reaps it in the background). The next call that needs a worker forks one (milliseconds),
+        so a call that failed at its deadline returns at once."""
         how = worker.kill(status_wanted)
         with self._condition:
             self._busy.discard(worker)
             self.kills += 1
-            zygote = self._zygote
-            refill = not self._closed and zygote is not None and zygote.ready and zygote.usable()
-            refill = refill and len(self._idle) + len(self._busy) + self._forking < self.size
-            if refill:
-                self._forking += 1
             self._condition.notify()
-        if refill:
-            with contextlib.suppress(WorkerFailure):  # closed meanwhile
-                self._forked(busy=False)  # a fork: ready in milliseconds
         return how
 
     def close(self, wait_s: float = _CLOSE_WAIT_S) -> None:

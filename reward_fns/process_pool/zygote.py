@@ -109,6 +109,7 @@ class Zygote:
         self.broken: str | None = None
         self._ready = False
         self._lock = threading.Lock()
+        self._releases: list[int] = []  # killed workers to hand over for reaping
 
     @property
     def ready(self) -> bool:
@@ -147,18 +148,34 @@ class Zygote:
             return int(reply[2])
 
     def release(self, pid: int) -> None:
-        """Hands a killed worker to the zygote to reap in the background (no answer is awaited).
+        """Hands a killed worker to the zygote to reap in the background; never waits.
 
-        Raises:
-            ZygoteError: The zygote is gone.
+        The command is sent now if no other command is under way and the socket takes it at once,
+        else before the next command.
         """
-        with self._lock:
-            if self.broken is not None:
-                raise ZygoteError(f"the zygote is unusable ({self.broken})")
+        self._releases.append(pid)
+        if self._lock.acquire(blocking=False):
             try:
-                self.commands.send(_packet(("release", pid)))
+                self._send_releases()
+            except ZygoteError:
+                pass  # the zygote is gone: the worker, already killed, is reaped by init
+            finally:
+                self._lock.release()
+
+    def _send_releases(self) -> None:
+        """Sends the queued releases that the socket takes without waiting (under the lock)."""
+        if self.broken is not None:
+            self._releases.clear()
+            return
+        self.commands.settimeout(0.0)
+        while self._releases:
+            try:
+                self.commands.send(_packet(("release", self._releases[0])))
+            except BlockingIOError:
+                return
             except OSError as error:
                 raise self._fail(f"it could not take a command ({error})") from None
+            self._releases.pop(0)
 
     def close(self, wait_s: float) -> None:
         """Closes the command socket (the zygote kills its workers and exits); kills it after `wait_s`."""
@@ -197,8 +214,10 @@ class Zygote:
         self._ready = True
 
     def _command(self, message: tuple[Any, ...], fds: list[int], timeout_s: float) -> Any:
+        self._send_releases()
         if self.broken is not None:
             raise ZygoteError(f"the zygote is unusable ({self.broken})")
+        self.commands.settimeout(timeout_s)
         try:
             socket.send_fds(self.commands, [_packet(message)], fds)
         except OSError as error:

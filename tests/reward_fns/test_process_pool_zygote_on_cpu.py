@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -129,10 +130,10 @@ def test_a_worker_killed_at_its_deadline_is_replaced_by_a_fork_of_the_same_zygot
         with pytest.raises(DeadlineExceeded, match="was killed"):
             pool.call("check_response", request, 0.2)  # one SQLite instruction: only a kill stops it
         assert pool.kills == 1 and wait_until_gone(victim)  # killed by a signal; its exit follows
-        (replacement,) = pool.worker_pids()  # forked at the kill, before any next call
-        assert replacement != victim and parent_of(replacement) == zygote and pool.zygote_pid() == zygote
+        assert pool.worker_pids() == []  # the next call forks the replacement
         assert "city" in pool.call("table_definitions", {"db_path": database}, 5.0)
-        assert pool.worker_pids() == [replacement]
+        (replacement,) = pool.worker_pids()
+        assert replacement != victim and parent_of(replacement) == zygote and pool.zygote_pid() == zygote
     finally:
         pool.close()
 
@@ -152,5 +153,34 @@ def test_a_zygote_killed_from_outside_is_started_again_and_no_answer_is_blamed()
         assert "city" in pool.call("table_definitions", {"db_path": database}, 5.0)
         (worker,) = pool.worker_pids()
         assert pool.zygote_pid() not in (None, zygote) and parent_of(worker) == pool.zygote_pid()
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_reads_no_request_is_killed_at_the_deadline_not_waited_for() -> None:
+    """The request is written under the deadline: a stopped worker never drains the pipe (64 KiB)."""
+    pool = WorkerPool(SQL_TASKS, size=1, label="SQL", timer_in_worker=False)
+    database = str(BUNDLED_DB_ROOT / "world_1.sqlite")
+    outcome: list[BaseException | None] = []
+
+    def call_with_a_large_request() -> None:
+        try:
+            pool.call("table_definitions", {"db_path": database, "padding": "x" * (1 << 20)}, 0.5)
+            outcome.append(None)
+        except BaseException as error:
+            outcome.append(error)
+
+    try:
+        assert "city" in pool.call("table_definitions", {"db_path": database}, 5.0)
+        (stopped,) = pool.worker_pids()
+        os.kill(stopped, signal.SIGSTOP)
+        caller = threading.Thread(target=call_with_a_large_request)
+        caller.start()
+        caller.join(timeout=30.0)
+        assert not caller.is_alive(), "the call waited for a worker that never read its request"
+        (error,) = outcome
+        assert isinstance(error, DeadlineExceeded) and pool.kills == 1
+        assert wait_until_gone(stopped)
+        assert "city" in pool.call("table_definitions", {"db_path": database}, 5.0)
     finally:
         pool.close()

@@ -230,6 +230,7 @@ def test_workers_have_the_memory_limit_and_nothing_is_left_after_close(world_cop
         assert any(line.startswith("Max core file size") and " 0 " in line for line in limits)
     with pytest.raises(WorkerFailure, match="killed"):
         pool.call("check_response", {**request, "response": fenced(f"SELECT {PRINTF_BOMB}"), "row_cap": 10}, 0.5)
+    assert pool.call("check_response", {**request, "row_cap": 10}, 1.0)["rows"] == ((4079,),)  # a fresh fork
     seen |= set(pool.worker_pids())
     assert len(seen) == 2 and pool.kills == 1
     pool.close()
