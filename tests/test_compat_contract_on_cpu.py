@@ -143,15 +143,17 @@ def _run_config(estimator: str) -> Any:
 def transfer_queue() -> Any:
     import transfer_queue as tq
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = OmegaConf.to_container(_run_config("grpo").transfer_queue, resolve=True)
     config.update(enable=True)
     config["backend"]["SimpleStorage"].update(num_data_storage_units=1, total_storage_size=1000)
-    tq.init(OmegaConf.create(config))
-    try:
-        yield tq
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:  # Ray goes down even when TransferQueue cannot start, so later modules can start their own
+        tq.init(OmegaConf.create(config))
+        try:
+            yield tq
+        finally:
+            tq.close()
     finally:
-        tq.close()
         ray.shutdown()
 
 
