@@ -22,14 +22,6 @@ EXIT_CODE = 2
 #: Either set to 1 prints the full traceback above the one-line error.
 TRACEBACK_VARIABLES = ("MRTPO_TRACEBACK", "HYDRA_FULL_ERROR")
 OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
-#: verl's ``validate_config`` assertions that do not name the fields they are about → those fields (the texts of
-#: verl 0.9.1's ``verl.utils.config.validate_config``; tests/test_verl_contract_on_cpu.py checks they are still there).
-VERL_CHECK_FIELDS = {
-    "real_train_batch_size": (
-        "data.train_batch_size × actor_rollout_ref.rollout.n to a multiple of trainer.n_gpus_per_node × trainer.nnodes"
-    ),
-    "train_batch_size (": "data.train_batch_size ≥ actor_rollout_ref.actor.ppo_mini_batch_size",
-}
 
 
 class ConfigMistake(Exception):
@@ -109,7 +101,9 @@ def one_line(
     message = flatten(text) or type(error).__name__
     if isinstance(error, ValueError | KeyError | TypeError) and _names_a_field(message):
         return message
-    fields = [hint for phrase, hint in VERL_CHECK_FIELDS.items() if phrase in message]
+    from mrtpo_verl.compat.verl import fields_of_verl_config_check
+
+    fields = fields_of_verl_config_check(message)
     prefix = "verl's config check" if isinstance(error, AssertionError) else type(error).__name__
     return f"{prefix}: {message}" + (f" (set {fields[0]})" if fields else "")
 

@@ -570,11 +570,15 @@ def test_our_whitening_formula_equals_verls_masked_whiten() -> None:
         assert torch.equal(whiten_with_statistics(values, mean, variance), verl_F.masked_whiten(values, mask))
 
 
-def test_validate_config_still_asserts_the_texts_cli_errors_maps_to_fields() -> None:
+@covers("verl.fields_of_verl_config_check", "verl.VERL_CHECK_FIELDS")
+def test_validate_config_still_asserts_the_texts_we_map_to_fields() -> None:
     from verl.utils import config as verl_config
 
-    from mrtpo_verl.cli_errors import VERL_CHECK_FIELDS
+    from mrtpo_verl.compat.verl import VERL_CHECK_FIELDS, fields_of_verl_config_check
 
     source = inspect.getsource(verl_config.validate_config)
     for text in VERL_CHECK_FIELDS:
-        assert text in source, f"cli_errors.VERL_CHECK_FIELDS: verl's validate_config no longer says {text!r}"
+        assert text in source, f"verl's validate_config no longer says {text!r}"
+    assert fields_of_verl_config_check("real_train_batch_size (6) must be divisible") == [
+        VERL_CHECK_FIELDS["real_train_batch_size"]
+    ]

@@ -30,6 +30,7 @@ from mrtpo_verl.compat.ray import remote_class
 
 __all__ = [
     "VERL_ADVANTAGE_FIELDS",
+    "VERL_CHECK_FIELDS",
     "VerlTrainerSeam",
     "actor_engine",
     "actor_param_dtype",
@@ -41,6 +42,7 @@ __all__ = [
     "engine_reshard_after_forward",
     "engine_tokenizer",
     "engine_ulysses_size",
+    "fields_of_verl_config_check",
     "finish_advantage_as_verl",
     "hf_state_dict",
     "is_lora_or_qat",
@@ -60,6 +62,23 @@ VERL_ADVANTAGE_FIELDS = (
     "ref_log_prob",
     "values",
 )
+
+
+#: Texts of verl's ``validate_config`` assertions that do not name their fields → what to set (verl 0.9.1).
+VERL_CHECK_FIELDS = {
+    "real_train_batch_size": (
+        "data.train_batch_size × actor_rollout_ref.rollout.n to a multiple of trainer.n_gpus_per_node × trainer.nnodes"
+    ),
+    "train_batch_size (": "data.train_batch_size ≥ actor_rollout_ref.actor.ppo_mini_batch_size",
+}
+
+
+def fields_of_verl_config_check(message: str) -> list[str]:
+    """The settings a failed ``validate_config`` assertion is about, when its message does not name them.
+
+    Relies on: the assertion texts of verl 0.9.1's ``verl.utils.config.validate_config`` (:data:`VERL_CHECK_FIELDS`).
+    """
+    return [hint for phrase, hint in VERL_CHECK_FIELDS.items() if phrase in message]
 
 
 def rollout_bypass_mode(config: Any) -> bool:

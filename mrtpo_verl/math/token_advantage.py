@@ -57,7 +57,7 @@ def whiten_with_statistics(values: torch.Tensor, mean: torch.Tensor, variance: t
 
     Same expression as ``masked_whiten`` in verl 0.9.1 (``verl/utils/torch_functional.py``) but the
     statistics are passed in, so MRTPO's token advantages are whitened with GDPO's uniform-sum
-    statistics. ``tests/test_verl_contract_on_cpu.py`` checks that this equals verl's function.
+    statistics. ``tests/test_compat_contract_on_cpu.py`` checks that this equals verl's function.
 
     Args:
         values: (bs, L) token advantages.
