@@ -10,7 +10,8 @@ the busiest one (their forward passes are collectives). So before dispatch the r
 2. reordered so that each contiguous chunk holds about the same estimated cost (verl's own
    Karmarkar-Karp balancer, equal-size parts);
 
-the answer is put back in the request's order and the padding dropped.
+the answer is put back in the request's order in place (its rows permuted cycle by cycle, one row held aside per
+cycle), so the driver holds the answer's (bs, K, L) relevance once, and the padding is dropped as a view.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
 
 from mrtpo_verl.batch_keys import NEEDED_KEY
 
-__all__ = ["balanced_row_order", "dispatch_balanced", "row_costs"]
+__all__ = ["balanced_row_order", "dispatch_balanced", "restore_row_order", "row_costs"]
 
 
 def row_costs(request: DataProto) -> torch.Tensor:
@@ -58,14 +59,53 @@ def balanced_row_order(costs: Sequence[int], chunks: int) -> list[int]:
     return [row for partition in partitions for row in partition]
 
 
+def restore_row_order(answer: DataProto, order: Sequence[int]) -> None:
+    """Put the rows of ``answer`` (row i answers request row ``order[i]``) in request order, in place.
+
+    Every tensor of ``answer.batch`` is permuted along dim 0 by following the permutation's cycles: each row is
+    copied once, and one row per tensor is held aside per cycle, so no second copy of a (bs, K, L) tensor exists.
+    ``non_tensor_batch`` arrays are reindexed.
+
+    Args:
+        answer: the concatenated answers of the ranks, in the dispatched order.
+        order: the permutation :func:`balanced_row_order` returned; ``len(order) == len(answer)``.
+    """
+    if len(order) != len(answer) or sorted(order) != list(range(len(answer))):
+        raise ValueError(f"order must be a permutation of the answer's {len(answer)} rows, got {len(order)} indices")
+    source = [0] * len(order)  # source[row]: where request row `row` sits in the answer
+    for position, row in enumerate(order):
+        source[row] = position
+    for key, values in answer.non_tensor_batch.items():
+        answer.non_tensor_batch[key] = values[source]
+    tensors = list(answer.batch.values()) if answer.batch is not None else []
+    placed = bytearray(len(order))
+    for start in range(len(order)):
+        if placed[start] or source[start] == start:
+            continue
+        held = [tensor[start].clone() for tensor in tensors]
+        target = start
+        while source[target] != start:
+            for tensor in tensors:
+                tensor[target] = tensor[source[target]]
+            placed[target] = 1
+            target = source[target]
+        for tensor, row in zip(tensors, held, strict=True):
+            tensor[target] = row
+        placed[target] = 1
+
+
 def dispatch_balanced(request: DataProto, ranks: int, call: Callable[[DataProto], DataProto]) -> DataProto:
-    """``call`` (a DP-dispatched worker-group method) on the padded, balanced request; answer in request order."""
+    """``call`` (a DP-dispatched worker-group method) on the padded, balanced request; answer in request order.
+
+    The answer ``call`` returns (verl's concatenation of the ranks' answers) is reordered in place and the
+    padding rows are cut off as a view: no copy of the answer is made.
+    """
     rows = len(request)
     padded, pad = pad_dataproto_to_divisor(request, ranks)
     if pad:
         padded.batch[NEEDED_KEY][rows:] = False  # idle rows: nothing to replay ...
         padded.batch["response_mask"][rows:] = 0  # ... and no response to count as skipped
-    order = torch.tensor(balanced_row_order(row_costs(padded).tolist(), ranks), dtype=torch.long)
-    answer = call(padded[order])  # indexing copies: the caller's request is left as it was
-    answer = answer[torch.argsort(order)]
+    order = balanced_row_order(row_costs(padded).tolist(), ranks)
+    answer = call(padded[torch.tensor(order, dtype=torch.long)])  # indexing copies: the caller's request is kept
+    restore_row_order(answer, order)
     return answer[:rows] if pad else answer

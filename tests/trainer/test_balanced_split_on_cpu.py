@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from verl.protocol import DataProto
 
-from mrtpo_verl.workers.balanced_split import balanced_row_order, dispatch_balanced, row_costs
+from mrtpo_verl.batch_keys import RELEVANCE_KEY
+from mrtpo_verl.workers.balanced_split import balanced_row_order, dispatch_balanced, restore_row_order, row_costs
 
 
 def request_of(needed: list[list[bool]], prompt_lengths: list[int], response_lengths: list[int]) -> DataProto:
@@ -75,3 +78,44 @@ def test_dispatch_pads_with_idle_rows_and_answers_in_request_order() -> None:
     assert torch.equal(idle, empty)  # ... and no response tokens
     assert [len(c) for c in seen_chunks] == [2, 2]
     assert request.batch["mrtpo_needed"].all() and len(request) == 3  # the caller's request is untouched
+
+
+@given(st.permutations(list(range(9))))
+def test_rows_restored_in_place_match_indexing(order: list[int]) -> None:
+    relevance = torch.rand(9, 3, 5)
+    counters = torch.arange(9, dtype=torch.float64)
+    labels = np.array([f"row {i}" for i in range(9)], dtype=object)
+    answer = DataProto.from_dict(tensors={RELEVANCE_KEY: relevance.clone(), "count": counters.clone()})
+    answer.non_tensor_batch["label"] = labels.copy()
+    storage = answer.batch[RELEVANCE_KEY].data_ptr()
+    restore_row_order(answer, order)
+    back = torch.argsort(torch.tensor(order))  # what indexing the answer would give, as a copy
+    assert torch.equal(answer.batch[RELEVANCE_KEY], relevance[back])
+    assert torch.equal(answer.batch["count"], counters[back])
+    assert answer.non_tensor_batch["label"].tolist() == labels[back.numpy()].tolist()
+    assert answer.batch[RELEVANCE_KEY].data_ptr() == storage  # in place: no second (bs, K, L) tensor
+
+
+def test_restore_refuses_an_order_that_is_not_a_permutation() -> None:
+    answer = DataProto.from_dict(tensors={"count": torch.zeros(3)})
+    for order in ([0, 1], [0, 1, 1], [0, 1, 3]):
+        with pytest.raises(ValueError, match="permutation"):
+            restore_row_order(answer, order)
+
+
+def test_dispatch_answers_with_the_ranks_concatenated_tensor_itself() -> None:
+    request = request_of([[True, False]] * 5 + [[True, True]] * 3, [4] * 8, [3, 1, 2, 3, 1, 2, 3, 1])
+    concatenated: list[DataProto] = []
+
+    def dp_call(padded: DataProto) -> DataProto:
+        rows = padded.batch["row"].float()
+        answers = [
+            DataProto.from_dict(tensors={RELEVANCE_KEY: r[:, None, None].expand(-1, 2, 3).clone()})
+            for r in rows.chunk(2)
+        ]
+        concatenated.append(DataProto.concat(answers))
+        return concatenated[0]
+
+    answer = dispatch_balanced(request, 2, dp_call)
+    assert answer.batch[RELEVANCE_KEY][:, 0, 0].tolist() == list(range(8))  # request order
+    assert answer.batch[RELEVANCE_KEY].data_ptr() == concatenated[0].batch[RELEVANCE_KEY].data_ptr()
