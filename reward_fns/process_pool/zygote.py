@@ -8,7 +8,9 @@ the first and each replacement after a deadline kill, is forked from it.
 The zygote is started by the pool with `subprocess.Popen` (``python -c``, its own session), never
 by forking the pool's own process, which may have threads (a Ray actor, verl's reward thread
 pool). It runs `worker.prepare_process` (``RLIMIT_AS``, file-size and core limits, output routing)
-before importing anything large, so every worker it forks has the same limits. It refuses to fork
+before importing anything large, so every worker it forks has the same limits. A task module may
+define ``warm_up()``: the zygote runs it after the import, so that what a first check loads lazily
+(NLTK's sentence tokenizer, ...) is loaded once, before any fork. It refuses to fork
 unless it is single-threaded: the environment in `SINGLE_THREADED_ENVIRONMENT` keeps OpenBLAS and
 Arrow's jemalloc from starting threads, and a zygote that has a thread anyway exits at start with
 a message (the pool then raises ``WorkerStartError``).
@@ -352,7 +354,11 @@ def main() -> None:
     prepare_process(int(sys.argv[1]))
     # Imported before "ready": a module that cannot be imported (missing checker data, a broken
     # install) ends the zygote here, with the traceback on stderr.
-    tasks = importlib.import_module(sys.argv[2]).TASKS
+    module = importlib.import_module(sys.argv[2])
+    warm_up = getattr(module, "warm_up", None)
+    if warm_up is not None:
+        warm_up()  # what a first check would load lazily is loaded here, once, for every fork
+    tasks = module.TASKS
     if _thread_count() != 1:
         names = [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task")]
         sys.exit(f"the worker zygote has threads {names} after importing {sys.argv[2]}; it forks only when alone")

@@ -184,3 +184,17 @@ def test_a_worker_that_reads_no_request_is_killed_at_the_deadline_not_waited_for
         assert "city" in pool.call("table_definitions", {"db_path": database}, 5.0)
     finally:
         pool.close()
+
+
+def test_a_task_modules_warm_up_runs_once_in_the_zygote_and_every_worker_inherits_it() -> None:
+    pool = WorkerPool("tests.reward_fns.zygote_warm_up_tasks", size=2, label="test")
+    try:
+        first = pool.call("warmed_in", {}, 10.0)
+        zygote = pool.zygote_pid()
+        assert first["warmed_in"] == zygote and first["serving_in"] != zygote
+        os.kill(first["serving_in"], signal.SIGKILL)
+        assert wait_until_gone(first["serving_in"])
+        again = pool.call("warmed_in", {}, 10.0)  # a new fork: warm without running warm_up itself
+        assert again["warmed_in"] == zygote and again["serving_in"] not in (zygote, first["serving_in"])
+    finally:
+        pool.close()
