@@ -155,25 +155,55 @@ def _relevance_or_none(batch: Mapping[str, Any] | None, shape: tuple[int, int, i
     return relevance
 
 
-def _token_weights_for_step(
-    relevance: torch.Tensor | None, response_mask: torch.Tensor, cfg: MRTPOConfig, global_step: int | None
-) -> tuple[torch.Tensor | None, float]:
-    """Weights (bs, K, L) for this step, or None when every weight is 1; and β_s."""
+def _beta_for_step(relevance: torch.Tensor | None, cfg: MRTPOConfig, global_step: int | None) -> float:
+    """β_s of this step; 0 when every weight is 1 (uniform ablation, no relevance, warm-up at 0)."""
     if cfg.ablation == "uniform":
-        return None, 0.0
+        return 0.0
     if relevance is None:
         logger.warning("mrtpo: no %s in the batch; every token weight is 1 (GDPO) for this step", RELEVANCE_KEY)
-        return None, 0.0
+        return 0.0
     if global_step is None:
         raise ValueError("mrtpo: global_step is needed for the β warm-up; pass it or open advantage_inputs(...)")
-    beta_s = beta_at_step(cfg.beta, cfg.warmup_steps, global_step)
-    if beta_s == 0.0:
-        return None, 0.0
-    weights = token_weights(relevance.to(response_mask.device), response_mask, beta_s, cfg.ratio_cap)
+    return beta_at_step(cfg.beta, cfg.warmup_steps, global_step)
+
+
+def _placed_advantage(
+    relevance: torch.Tensor,
+    reward_advantages: torch.Tensor,
+    reward_weights: torch.Tensor,
+    response_mask: torch.Tensor,
+    cfg: MRTPOConfig,
+    beta_s: float,
+    global_step: int,
+) -> tuple[torch.Tensor, dict[int, float]]:
+    """``Σ_k c_k · w_k · Â_k`` (bs, L), and each reward's largest token weight over valid tokens.
+
+    The weights are made one reward at a time, (bs, 1, L) each, and added in reward order as
+    :func:`~mrtpo_verl.math.token_advantage.weighted_token_advantage` adds them: the driver never holds a
+    (bs, K, L) weights tensor beside the relevance. The shuffle ablation permutes each reward's weights with
+    one generator seeded by ``shuffle_seed`` and the step, drawn reward after reward.
+    """
+    generator = None
     if cfg.ablation == "shuffle":
-        generator = torch.Generator(device=weights.device).manual_seed(cfg.shuffle_seed * 1_000_003 + global_step)
-        weights = shuffle_within_responses(weights, response_mask, generator)
-    return weights, beta_s
+        generator = torch.Generator(device=response_mask.device).manual_seed(cfg.shuffle_seed * 1_000_003 + global_step)
+    valid = response_mask.bool()
+    any_valid = bool(valid.any())
+    placed: torch.Tensor | None = None
+    maxima: dict[int, float] = {}
+    for k in range(reward_advantages.shape[1]):
+        weights = token_weights(relevance[:, k : k + 1].to(response_mask.device), response_mask, beta_s, cfg.ratio_cap)
+        if generator is not None:
+            weights = shuffle_within_responses(weights, response_mask, generator)
+        if any_valid:
+            maxima[k] = float(weights[:, 0, :][valid].max())
+        term = weighted_token_advantage(
+            reward_advantages[:, k : k + 1], weights, reward_weights[k : k + 1], response_mask
+        )
+        placed = term if placed is None else placed + term
+        del weights
+    if placed is None:
+        raise ValueError("at least one reward is needed")
+    return placed, maxima
 
 
 @register_adv_est(ESTIMATOR_NAME)
@@ -238,35 +268,30 @@ def compute_mrtpo_outcome_advantage(
     reward_advantages = group_normalised_rewards(rewards, index, epsilon, norm_adv_by_std_in_grpo, config)
 
     relevance = _relevance_or_none(batch, (batch_size, len(cfg.reward_keys), response_length))
-    weights, beta_s = _token_weights_for_step(relevance, response_mask, cfg, global_step)
+    beta_s = _beta_for_step(relevance, cfg, global_step)
 
     uniform = weighted_token_advantage(reward_advantages, None, reward_weights, response_mask)
-    placed = (
-        uniform
-        if weights is None
-        else weighted_token_advantage(reward_advantages, weights, reward_weights, response_mask)
-    )
+    placed, weight_maxima = uniform, {}
+    if beta_s != 0.0 and relevance is not None and global_step is not None:
+        placed, weight_maxima = _placed_advantage(
+            relevance, reward_advantages, reward_weights, response_mask, cfg, beta_s, global_step
+        )
     mean = verl_F.masked_mean(uniform, response_mask)
     variance = verl_F.masked_var(uniform, response_mask)
     advantages = whiten_with_statistics(placed, mean, variance) * response_mask
 
     if inputs is not None:
-        inputs.metrics.update(_step_metrics(cfg, beta_s, weights, reward_weights, response_mask))
+        inputs.metrics.update(_step_metrics(cfg, beta_s, weight_maxima, reward_weights))
     return advantages, advantages
 
 
 def _step_metrics(
-    cfg: MRTPOConfig,
-    beta_s: float,
-    weights: torch.Tensor | None,
-    reward_weights: torch.Tensor,
-    response_mask: torch.Tensor,
+    cfg: MRTPOConfig, beta_s: float, weight_maxima: dict[int, float], reward_weights: torch.Tensor
 ) -> dict[str, float]:
-    """β_s, reward weights and the largest token weight per reward, for verl's tracking."""
+    """β_s, reward weights and the largest token weight per reward (when weights were made), for verl's tracking."""
     metrics = {"mrtpo/beta": beta_s}
-    valid = response_mask.bool()
     for k, key in enumerate(cfg.reward_keys):
         metrics[f"mrtpo/{key}/reward_weight"] = float(reward_weights[k])
-        if weights is not None and bool(valid.any()):
-            metrics[f"mrtpo/{key}/weight_max"] = float(weights[:, k, :][valid].max())
+        if k in weight_maxima:
+            metrics[f"mrtpo/{key}/weight_max"] = weight_maxima[k]
     return metrics

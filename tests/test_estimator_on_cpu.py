@@ -10,11 +10,15 @@ import torch
 from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.utils import torch_functional as verl_F
 
 import mrtpo_verl.estimator  # noqa: F401  (the plugin also registers it; importing makes the dependency explicit)
 from mrtpo_verl.advantage_inputs import advantage_inputs
 from mrtpo_verl.config import MRTPOConfig
+from mrtpo_verl.estimator import group_normalised_rewards, reward_component_matrix
 from mrtpo_verl.math.reward_reweighting import saw_reward_weights
+from mrtpo_verl.math.token_advantage import weighted_token_advantage, whiten_with_statistics
+from mrtpo_verl.math.token_weights import beta_at_step, token_weights
 from tests.conftest import make_grouped_batch
 
 REWARDS = ("format", "correct")
@@ -104,6 +108,29 @@ def test_relevance_moves_credit_but_keeps_each_responses_total(grouped_batch) ->
     assert torch.allclose(mrtpo.sum(1), gdpo.sum(1), atol=1e-4)
     assert metrics["mrtpo/beta"] == 0.5
     assert metrics["mrtpo/format/weight_max"] > 1.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("ratio_cap", [None, 2.0])
+def test_advantages_equal_the_whole_weights_tensor_formula_bit_for_bit(seed, ratio_cap) -> None:
+    """The estimator makes one reward's weights at a time; the result is the (bs, K, L) formula's exactly."""
+    keys = ("a", "b", "c")
+    data = make_grouped_batch(seed, reward_keys=keys)
+    algo = AlgoConfig(adv_estimator="gdpo", gdpo_reward_keys=list(keys))
+    cfg = mrtpo_config(keys, ratio_cap=ratio_cap, reward_weights=(0.5, 1.0, 2.0))
+    relevance = data.batch["mrtpo_relevance"].clone()
+    ours, _ = run_verl(data, "mrtpo", algo, cfg)
+    assert torch.equal(data.batch["mrtpo_relevance"], relevance)  # read, never written
+
+    mask = data.batch["response_mask"]
+    rewards = reward_component_matrix(data.non_tensor_batch, keys, len(data))
+    normalised = group_normalised_rewards(rewards, data.non_tensor_batch["uid"], 1e-6, True, algo)
+    c = torch.tensor(cfg.weights_or_ones)
+    weights = token_weights(relevance, mask, beta_at_step(cfg.beta, cfg.warmup_steps, 100), ratio_cap)
+    uniform = weighted_token_advantage(normalised, None, c, mask)
+    placed = weighted_token_advantage(normalised, weights, c, mask)
+    mean, variance = verl_F.masked_mean(uniform, mask), verl_F.masked_var(uniform, mask)
+    assert torch.equal(ours, whiten_with_statistics(placed, mean, variance) * mask)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -49,42 +49,51 @@ def beta_at_step(beta: float, warmup_steps: int, step: int) -> float:
     return beta * smoothstep(step / warmup_steps)
 
 
-def _relevance_ratio(relevance: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``ρ = q / q̄`` over valid tokens, 1 where ``q̄ ≈ 0`` and at padding.
+def _valid_counts(valid: torch.Tensor, rows_at_a_time: int = 64) -> torch.Tensor:
+    """(bs, 1, 1) int64 number of valid tokens per response, from (bs, 1, L) bool.
+
+    Counted a block of rows at a time: a bool sum casts its input to int64 first, which for the whole mask
+    would be a (bs, L) int64 temporary (8 bytes per token).
+    """
+    return torch.cat([block.sum(dim=-1, keepdim=True) for block in valid.split(rows_at_a_time)])
+
+
+def _relevance_ratio_(q: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``ρ = q / q̄`` over valid tokens, 1 where ``q̄ ≈ 0`` and at padding, computed in ``q``'s own memory.
 
     Args:
-        relevance: (..., L) float relevance q ≥ 0.
-        valid: (..., L) bool, broadcastable to ``relevance``.
+        q: (..., L) float32 relevance q ≥ 0, overwritten by the ratio (the caller's own copy).
+        valid: (..., 1, L) bool, broadcast over ``q``'s reward dimension (never expanded in memory).
 
     Returns:
-        (..., L) float32 ratio, mean 1 over each row's valid tokens (rows with any).
+        ``q`` itself, holding the ratio: mean 1 over each row's valid tokens (rows with any).
     """
-    q = torch.where(valid, relevance.float(), 0.0)
-    n_valid = valid.sum(dim=-1, keepdim=True)
+    q.masked_fill_(~valid, 0.0)
+    n_valid = _valid_counts(valid)
     mean_q = q.sum(dim=-1, keepdim=True) / n_valid.clamp(min=1)
     informative = mean_q > MIN_MEAN_RELEVANCE
-    ratio = q / torch.where(informative, mean_q, 1.0)
-    return torch.where(valid & informative, ratio, 1.0)
+    q.div_(torch.where(informative, mean_q, 1.0))
+    return q.masked_fill_(~informative, 1.0).masked_fill_(~valid, 1.0)
 
 
-def _cap_ratio(ratio: torch.Tensor, valid: torch.Tensor, ratio_cap: float) -> torch.Tensor:
-    """Clip ρ at ``ratio_cap`` and rescale so its mean over valid tokens is 1 again.
+def _cap_ratio_(ratio: torch.Tensor, valid: torch.Tensor, ratio_cap: float) -> torch.Tensor:
+    """Clip ρ at ``ratio_cap`` and rescale so its mean over valid tokens is 1 again, in ``ratio``'s memory.
 
     Args:
-        ratio: (..., L) ratio with mean 1 over valid tokens.
-        valid: (..., L) bool.
+        ratio: (..., L) ratio with mean 1 over valid tokens, overwritten.
+        valid: (..., 1, L) bool, broadcast over the reward dimension.
         ratio_cap: upper bound > 1 on ρ before rescaling.
 
     Returns:
-        (..., L) capped ratio, mean 1 over valid tokens, 1 at padding.
+        ``ratio`` itself, capped: mean 1 over valid tokens, 1 at padding.
     """
-    clipped = torch.where(valid, ratio.clamp(max=ratio_cap), 0.0)
-    n_valid = valid.sum(dim=-1, keepdim=True).clamp(min=1)
-    mean_clipped = clipped.sum(dim=-1, keepdim=True) / n_valid
+    ratio.clamp_(max=ratio_cap).masked_fill_(~valid, 0.0)
+    n_valid = _valid_counts(valid).clamp(min=1)
+    mean_clipped = ratio.sum(dim=-1, keepdim=True) / n_valid
     # mean_clipped > 0 whenever a row has a valid token: ρ has mean 1 there and clipping keeps ρ ≥ 0,
     # and it is only 0 when every ρ is 0, which cannot happen with mean 1.
-    rescaled = clipped / mean_clipped.clamp(min=MIN_MEAN_RELEVANCE)
-    return torch.where(valid, rescaled, 1.0)
+    ratio.div_(mean_clipped.clamp(min=MIN_MEAN_RELEVANCE))
+    return ratio.masked_fill_(~valid, 1.0)
 
 
 def token_weights(
@@ -94,6 +103,9 @@ def token_weights(
     ratio_cap: float | None = None,
 ) -> torch.Tensor:
     """Token weights ``w = (1 − β) + β · q / q̄`` per response and reward.
+
+    Memory: the weights are one new (bs, K, L) float32 tensor, computed in place; masks stay (bs, 1, L) and
+    (bs, K, 1), and ``relevance`` is read, never written.
 
     Args:
         relevance: (bs, K, L) relevance q ∈ [0, 1] of each reward at each response token.
@@ -119,14 +131,15 @@ def token_weights(
         raise ValueError(f"beta must be in [0, 1], got {beta}")
     if ratio_cap is not None and not ratio_cap > 1.0:
         raise ValueError(f"ratio_cap must be > 1 (or None for no cap), got {ratio_cap}")
-    if not bool(torch.isfinite(relevance).all()) or bool((relevance < 0).any()):
-        raise ValueError("relevance must be finite and ≥ 0 (a Jensen–Shannon distance)")
-    valid = response_mask.bool().unsqueeze(1).expand_as(relevance)
-    ratio = _relevance_ratio(relevance, valid)
+    if relevance.numel():
+        smallest, largest = torch.aminmax(relevance)  # NaN propagates into both, failing the test below
+        if not (bool(smallest >= 0) and bool(torch.isfinite(largest))):
+            raise ValueError("relevance must be finite and ≥ 0 (a Jensen–Shannon distance)")
+    valid = response_mask.bool().unsqueeze(1)
+    weights = _relevance_ratio_(relevance.to(torch.float32, copy=True), valid)
     if ratio_cap is not None:
-        ratio = _cap_ratio(ratio, valid, ratio_cap)
-    weights = (1.0 - beta) + beta * ratio
-    return torch.where(valid, weights, 1.0)
+        weights = _cap_ratio_(weights, valid, ratio_cap)
+    return weights.mul_(beta).add_(1.0 - beta).masked_fill_(~valid, 1.0)
 
 
 def shuffle_within_responses(

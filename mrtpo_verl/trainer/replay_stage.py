@@ -118,7 +118,12 @@ class ReplayStage:
         except Exception as error:
             return self._on_failure(error, data, global_step, metrics)
         elapsed = time.perf_counter() - start
-        relevance = answer.batch[RELEVANCE_KEY].float()
+        relevance = answer.batch[RELEVANCE_KEY]  # the answer's own tensor: the driver holds it once
+        if relevance.dtype != torch.float32:
+            raise ReplayWorkerFailed(
+                f"mrtpo replay worker group {self.backend.name!r} answered {RELEVANCE_KEY} as {relevance.dtype}; "
+                "the replay's answer is float32"
+            )
         metrics.update(self._stage_metrics(answer, needed, elapsed))
         if metrics["mrtpo/replay/rows_unscored"]:
             logger.warning(

@@ -85,6 +85,8 @@ def test_all_padding_response_gets_weight_one() -> None:
         (torch.rand(2, 1, 3), torch.ones(2, 3), 0.5, 1.0, "ratio_cap"),
         (-torch.rand(2, 1, 3), torch.ones(2, 3), 0.5, None, "finite and ≥ 0"),
         (torch.full((2, 1, 3), float("nan")), torch.ones(2, 3), 0.5, None, "finite"),
+        (torch.tensor([[[0.1, float("nan"), 0.2]]]), torch.ones(1, 3), 0.5, None, "finite"),
+        (torch.tensor([[[0.1, float("inf"), 0.2]]]), torch.ones(1, 3), 0.5, None, "finite"),
     ],
 )
 def test_bad_arguments_raise(
@@ -126,3 +128,33 @@ def test_shuffle_actually_moves_weights() -> None:
     weights = torch.arange(64, dtype=torch.float32).reshape(1, 1, 64)
     shuffled = shuffle_within_responses(weights, torch.ones(1, 64), torch.Generator().manual_seed(0))
     assert not torch.equal(shuffled, weights)
+
+
+def reference_weights(relevance: torch.Tensor, mask: torch.Tensor, beta: float, cap: float | None) -> torch.Tensor:
+    """``w = (1 − β) + β · ρ`` written out of place over fully expanded masks, the formula as read."""
+    valid = mask.bool().unsqueeze(1).expand_as(relevance)
+    q = torch.where(valid, relevance.float(), 0.0)
+    n_valid = valid.sum(dim=-1, keepdim=True)
+    mean_q = q.sum(dim=-1, keepdim=True) / n_valid.clamp(min=1)
+    informative = mean_q > 1e-8
+    ratio = torch.where(valid & informative, q / torch.where(informative, mean_q, 1.0), 1.0)
+    if cap is not None:
+        clipped = torch.where(valid, ratio.clamp(max=cap), 0.0)
+        mean_clipped = clipped.sum(dim=-1, keepdim=True) / n_valid.clamp(min=1)
+        ratio = torch.where(valid, clipped / mean_clipped.clamp(min=1e-8), 1.0)
+    return torch.where(valid, (1.0 - beta) + beta * ratio, 1.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.0, 1.0), st.sampled_from([None, 1.5, 3.0]))
+def test_weights_equal_the_out_of_place_formula_bit_for_bit(seed: int, beta: float, cap: float | None) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    relevance = torch.rand(4, 3, 9, generator=generator) ** 3
+    relevance[0, 1] = 0.0  # a reward with no relevant token
+    mask = (torch.rand(4, 9, generator=generator) > 0.3).long()
+    mask[2] = 0  # a response that is all padding
+    before = relevance.clone()
+    weights = token_weights(relevance, mask, beta, cap)
+    assert torch.equal(weights, reference_weights(relevance, mask, beta, cap))
+    assert torch.equal(relevance, before)  # the caller's relevance is read, not written
+    assert weights.dtype == torch.float32 and weights.data_ptr() != relevance.data_ptr()

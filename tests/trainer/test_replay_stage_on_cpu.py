@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from verl.protocol import DataProto
 from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from mrtpo_verl.advantage_inputs import advantage_inputs
-from mrtpo_verl.batch_keys import RELEVANCE_KEY
+from mrtpo_verl.batch_keys import COUNTER_KEYS, RELEVANCE_KEY
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
 from mrtpo_verl.trainer.replay_stage import ReplayStage, ReplayWorkerFailed
 from mrtpo_verl.workers.placement import InProcessBackend
@@ -140,3 +141,26 @@ def test_worker_failure_falls_back_to_uniform_when_configured() -> None:
         fallback = compute_advantage(batch, adv_estimator="mrtpo", config=algo()).batch["advantages"]
     gdpo = compute_advantage(data.slice(0, len(data)), adv_estimator="gdpo", config=algo()).batch["advantages"]
     assert torch.allclose(fallback, gdpo, atol=1e-6)
+
+
+class FixedAnswerBackend:
+    """Stands for a worker group whose ranks answered ``relevance`` (what verl's DP collect hands the driver)."""
+
+    name = "fixed_answer"
+
+    def __init__(self, relevance: torch.Tensor) -> None:
+        self.relevance = relevance
+
+    def compute_relevance(self, request):
+        counters = {key: torch.zeros(len(request), dtype=torch.float64) for key in COUNTER_KEYS}
+        return DataProto.from_dict(tensors={RELEVANCE_KEY: self.relevance} | counters)
+
+
+def test_stage_returns_the_answers_own_tensor_and_refuses_another_dtype() -> None:
+    data = real_sql_batch()
+    shape = (len(data), len(REWARD_KEYS), data.batch["response_mask"].shape[1])
+    answered = torch.rand(shape)
+    relevance, _ = ReplayStage(mrtpo_config(), algo(), FixedAnswerBackend(answered)).run(data, global_step=3)
+    assert relevance.data_ptr() == answered.data_ptr()  # no copy of the (bs, K, L) tensor on the driver
+    with pytest.raises(ReplayWorkerFailed, match=r"'fixed_answer' answered mrtpo_relevance as torch.float64"):
+        ReplayStage(mrtpo_config(), algo(), FixedAnswerBackend(answered.double())).run(data, global_step=3)
