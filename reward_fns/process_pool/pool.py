@@ -170,8 +170,15 @@ class _Worker:
         replies_read, replies_write = os.pipe()
         try:
             self.pid = zygote.fork(requests_read, replies_write, STARTUP_TIMEOUT_S)
-            # Race-free: the zygote reaps a worker only when asked, so the pid is still this worker's.
-            self._pidfd = os.pidfd_open(self.pid)
+            try:
+                # Race-free: the zygote reaps a worker only when asked, so the pid is still this worker's.
+                self._pidfd = os.pidfd_open(self.pid)
+            except OSError:  # out of file descriptors: the worker goes, and so do our pipe ends
+                with contextlib.suppress(ZygoteError):
+                    zygote.reap(self.pid, 0.0)
+                os.close(requests_write)
+                os.close(replies_read)
+                raise
         except ZygoteError as error:
             self.failure = f"{error}; the zygote: {zygote.returncode_text()}"
         finally:
