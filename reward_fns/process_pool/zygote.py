@@ -24,7 +24,9 @@ Commands come over a ``SOCK_SEQPACKET`` socket pair, one plain-data message a pa
 * ``("reap", pid, wait_s)`` → ``("reaped", pid, returncode)``: waits up to ``wait_s`` for the
   worker to exit, kills it (``SIGKILL``) otherwise, and reaps it;
 * ``("release", pid)``, no reply: the pool has killed the worker and forgotten it; the zygote
-  reaps it once it has exited (checked between commands, every `RELEASED_REAP_INTERVAL_S`).
+  reaps it once it has exited (checked between commands, every `RELEASED_REAP_INTERVAL_S`);
+* anything else, or a fork while the zygote has a thread, → ``("refused", why)`` (the pool then
+  counts the zygote as broken and starts another).
 
 The zygote reaps a worker only when asked, so a worker's pid cannot be reused while its pool
 still knows it (the pool signals it through a pidfd).
@@ -264,6 +266,7 @@ def _thread_count() -> int:
 
 
 def _reply(commands: socket.socket, message: tuple[Any, ...]) -> None:
+    commands.settimeout(None)  # a reply is never dropped for the release-reaping interval
     commands.send(_packet(message))
 
 
