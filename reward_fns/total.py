@@ -1,35 +1,6 @@
 """Reward functions that no response can take down: total over responses, strict about ground truth.
 
-verl 0.9.1's reward managers call ``compute_score`` without a try/except, so one exception ends
-(or stalls) a run that may have been going for days. :func:`total_over_responses` wraps a family's
-``compute_score`` so that:
-
-* a ground truth the family cannot read raises :class:`GroundTruthError`, naming ``data_source`` and
-  the row's ``extra_info["index"]``: a data error, never a silent 0;
-* a reward setting the family refuses (``reward_kwargs`` such as an unknown ``semantics`` or
-  ``isolation``) raises :class:`RewardConfigError`: a configuration error, never a silent 0 on
-  every sample;
-* a fault of the verifier's own machinery (its worker pool cannot start or keeps dying, checker
-  data missing) raises :class:`VerifierFaultError` after the pool's bounded retries, and so does a
-  verifier that fails internally on :data:`MAX_INTERNAL_ERRORS_IN_A_ROW` responses in a row (a bug
-  that every response hits, not a hostile one): the run stops with the message, never trains on 0s;
-* a response that runs past the family's deadline (:class:`ResponseTimeout`) scores 0 with every
-  component 0, the deadline in every information string and ``reward/<family>/timeouts`` = 1.0;
-* anything a *response* triggers inside the verifier (a ``RecursionError`` in a parser, a checker
-  bug, a non-finite score) becomes score 0 with every component 0, the error in every verifier
-  information string, ``reward/<family>/internal_errors`` = 1.0 for that sample, one log record with
-  the traceback per (family, exception type, raising line) and a process-wide count
-  (:func:`internal_error_counts`);
-* a response longer than :data:`MAX_RESPONSE_CHARS` is refused (all components 0) before any parser
-  sees it.
-
-Every call returns the family's fixed key set: ``score``, each reward key, each ``<key>_info`` and
-the numeric ``reward/<family>/internal_errors`` and ``reward/<family>/timeouts`` (0.0 or 1.0). verl
-keeps every extra key of the reward dict; numeric ones become validation metrics
-(``val-aux/<data_source>/<key>/mean@N``), so both rates show next to the rewards.
-
-This module imports nothing else of ``reward_fns``: each family hands its own ground-truth reader,
-key set and ground-truth error types to :func:`total_over_responses`.
+The rules in full: ``docs/reward_fns.md`` (``reward_fns/total.py``).
 """
 
 from __future__ import annotations

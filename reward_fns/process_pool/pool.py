@@ -1,53 +1,6 @@
 """A pool of reusable worker processes with a memory limit and a parent-enforced deadline.
 
-Every reward family runs its response checks here (one pool per family, each worker
-importing that family's task module): SQLite's own guards run between virtual-machine
-instructions, and one instruction can take seconds or gigabytes (``printf`` with a
-huge width, rows of ``zeroblob``); sqlglot's parser, an instruction-following checker
-or a tool-call parser can recurse or take seconds on a hostile 100 KiB answer; and a
-thread cannot be stopped from outside. A worker process bounds all of that:
-
-* memory: each worker caps its address space (``RLIMIT_AS``, `DEFAULT_MEMORY_LIMIT_BYTES`);
-  an allocation past it fails inside the worker (SQLite reports "out of memory");
-* time: the parent waits for a reply at most the task's deadline plus its grace
-  (`kill_grace`: `KILL_GRACE_S`, or a quarter of a shorter deadline); a worker that
-  has not answered by then is killed (SIGKILL), reaped and replaced (a fork of the
-  pool's zygote), and the call raises `WorkerFailure` with the reason. A worker that
-  dies on its own (a signal, a crash) is handled the same way. The deadline
-  starts when a worker takes the request, so time spent waiting for a free worker
-  never makes a correct answer time out;
-* trust: replies are read with `protocol.PlainDataUnpickler` (no classes);
-* faults of the pool itself are loud: a worker that cannot start is retried
-  `START_ATTEMPTS` times, and `MAX_DEATHS_IN_A_ROW` workers dying on their own with no
-  answer in between means the machinery, not a response, is broken; both raise
-  `WorkerStartError` / `PoolBrokenError` (``reward_fns.total.VerifierFaultError``),
-  which the reward lets through to stop the run instead of scoring 0.
-
-Design choices:
-
-* Size: `default_workers()` = ``min(32, os.cpu_count() + 4)``, the number of threads of
-  the default executor in which verl's reward loop runs ``compute_score``, so under verl's
-  own concurrency no call waits for a worker. Workers are forked on demand (a call that
-  finds no idle worker forks one, up to the size) and then reused; a worker killed at a
-  deadline is replaced by the next call that needs one.
-* Workers are forked by the pool's zygote (`zygote`): one process per pool, started with
-  `subprocess.Popen` in a fresh interpreter (``python -c``, its own session, so a terminal's
-  Ctrl-C reaches only the parent), that sets the workers' limits and imports the family's
-  libraries once. A fork is ready in 1-6 ms where a fresh interpreter needs 0.15-1.7 s of
-  CPU, so a worker killed at a deadline is replaced at once and the calls after it never
-  wait for imports. The pool's own process never forks (it may have threads: a Ray actor,
-  a reward thread pool), nor re-imports a training script's ``__main__``; the zygote forks
-  only while it is single-threaded.
-* The pool uses no threads: the calling thread waits on the worker's pipe with
-  ``poll`` until the deadline, then kills the worker itself through its pidfd (the zygote
-  reaps a worker only when asked, so its pid is never reused while the pool knows it), and
-  has the zygote reap it. Calls from several threads each take an idle worker.
-* Lifecycle: `shared_pool` makes one pool per process lazily, on the first
-  call; `close_shared_pool` (also registered with ``atexit``) closes it. A child
-  forked from the process forgets the parent's pool (and closes its copies of the
-  pipes and the zygote's socket) and builds its own on first use. When the parent
-  dies, its zygote sees the socket close, kills its workers and exits; each worker
-  also sees its input close.
+The rules in full: ``docs/reward_fns.md`` (``reward_fns/process_pool/pool.py``).
 """
 
 from __future__ import annotations

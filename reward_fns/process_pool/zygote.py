@@ -1,38 +1,6 @@
 """A pool's zygote: one process that imports a family's task module once and forks ready workers.
 
-A fresh interpreter needs 0.15 s (text-to-SQL), 0.5 s (tool calling: scipy) or 1.7 s (instruction
-following: NLTK, langdetect, pandas) of CPU before it can check anything; a fork of a process that
-has already imported all of it is ready in 1-6 ms. So each pool starts one zygote, and every worker,
-the first and each replacement after a deadline kill, is forked from it.
-
-The zygote is started by the pool with `subprocess.Popen` (``python -c``, its own session), never
-by forking the pool's own process, which may have threads (a Ray actor, verl's reward thread
-pool). It runs `worker.prepare_process` (``RLIMIT_AS``, file-size and core limits, output routing)
-before importing anything large, so every worker it forks has the same limits. A task module may
-define ``warm_up()``: the zygote runs it after the import, so that what a first check loads lazily
-(NLTK's sentence tokenizer, ...) is loaded once, before any fork. It refuses to fork
-unless it is single-threaded: the environment in `SINGLE_THREADED_ENVIRONMENT` keeps OpenBLAS and
-Arrow's jemalloc from starting threads, and a zygote that has a thread anyway exits at start with
-a message (the pool then raises ``WorkerStartError``).
-
-Commands come over a ``SOCK_SEQPACKET`` socket pair, one plain-data message a packet (read with
-`protocol.PlainDataUnpickler`):
-
-* ``("fork",)`` with two file descriptors (the worker's request pipe's read end and its reply
-  pipe's write end, passed with ``SCM_RIGHTS``) → ``("forked", pid)``; the worker says
-  ``("ready", pid)`` on its reply pipe and serves requests (`worker.serve`);
-* ``("reap", pid, wait_s)`` → ``("reaped", pid, returncode)``: waits up to ``wait_s`` for the
-  worker to exit, kills it (``SIGKILL``) otherwise, and reaps it;
-* ``("release", pid)``, no reply: the pool has killed the worker and forgotten it; the zygote
-  reaps it once it has exited (checked between commands, every `RELEASED_REAP_INTERVAL_S`);
-* anything else, or a fork while the zygote has a thread, → ``("refused", why)`` (the pool then
-  counts the zygote as broken and starts another).
-
-The zygote reaps a worker only when asked, so a worker's pid cannot be reused while its pool
-still knows it (the pool signals it through a pidfd).
-
-When the socket closes (the pool closed, or its process died), the zygote kills and reaps every
-worker it still has and exits.
+The rules in full: ``docs/reward_fns.md`` (``reward_fns/process_pool/zygote.py``).
 """
 
 from __future__ import annotations

@@ -1,44 +1,6 @@
-r"""Score model calls against reference calls: BFCL's AST-checker rules, made continuous.
+"""Score model calls against reference calls: BFCL's AST-checker rules, made continuous.
 
-Whether one argument value is acceptable follows BFCL's checker in full (type rule with the
-possible answer's own type, string normalisation, dict patterns, list rules): see ``values``.
-An argument is *unexpected* when the reference does not list it or, when the function schema is
-known, the schema does not declare it; it is *missing* when the schema requires it or its
-acceptable values lack the optional marker ``""``.
-
-Continuous score of model call ``c`` against reference call ``r``, with
-``P`` the argument names ``c`` gives, ``A`` those ``r`` knows, ``M ⊆ A`` the
-mandatory ones::
-
-    hits    = P ∩ A        missing = M \ P        extra = P \ A
-    s_name  = 1 if the names match else 0   (a "." may be written as "_")
-    s_args  = |hits| / (|hits| + |missing| + |extra|)       (1 when all empty)
-    s_value = |{a ∈ hits : value correct}| / |hits ∪ missing|   (1 when empty)
-    s(c, r) = (s_name + s_args + s_value) / 3
-
-Optional arguments left out cost nothing; extra arguments cost in ``s_args``;
-missing ones in both ``s_args`` and ``s_value``. The argument terms are computed
-against the reference call even when the names differ, so the right arguments
-under a wrong name keep 2/3.
-
-Over all calls (parallel calls are unordered), with ``n`` model calls and ``m``
-reference calls, the best one-to-one assignment (Hungarian algorithm) gives::
-
-    tool_correctness = max_assignment Σ s(c, r) / max(n, m)
-
-so unmatched (missing or surplus) calls count 0. The score lies in [0, 1] and is
-1 exactly when every reference call is matched by one model call with the right
-name, no unknown or missing arguments and only acceptable values: the
-acceptance condition of BFCL's AST checker, with two differences, both deliberate:
-
-* parallel calls are matched by the best one-to-one assignment, where BFCL takes,
-  for each expected call in turn, the first model call it accepts. Greedy matching
-  can reject a set of calls that has a perfect matching (an early expected call
-  takes the model call a later one needed); the assignment never does, and is
-  invariant to the order of the calls;
-* a name matches when equal once ``.`` is written as ``_`` (serving stacks that
-  forbid dots rename ``math.sqrt`` to ``math_sqrt``; BFCL does the same renaming
-  per model).
+The rules in full: ``docs/reward_fns.md`` (``reward_fns/tool_calling/match.py``).
 """
 
 from __future__ import annotations

@@ -1,35 +1,6 @@
 """The ground truth of a tool-calling sample, read into one internal form.
 
-Accepted ``ground_truth`` (a dict, or the same as a JSON string):
-
-* BFCL style::
-
-      {"functions": [<BFCL function doc>, ...],
-       "answers":   [{"calculate_triangle_area": {"base": [10], "unit": ["units", ""]}}, ...]}
-
-  ``functions`` are BFCL / OpenAI function docs (``{"name", "description",
-  "parameters": <JSON schema>}``, optionally wrapped as ``{"type": "function",
-  "function": {...}}``). ``answers`` are BFCL possible-answer entries: one
-  expected call each, mapping every argument to its list of acceptable values;
-  ``""`` in that list marks the argument optional. For an argument of type dict,
-  a dict among the acceptable values is a pattern ``{key: [acceptable values]}``
-  whose alternatives are literals (a nested dict is compared as it is, as in
-  BFCL's live_multiple_121-46-0); for an array of dicts, each dict of an
-  acceptable list is such a pattern. The value rules are in ``values``.
-* Exact reference calls (ToolRL style): ``{"functions": [...], "calls": [{"name":
-  ..., "arguments": {...}}]}``, a bare list of such calls, or a string holding
-  ``<tool_call>`` blocks. Each exact value becomes the single acceptable value
-  (a dict value of a dict argument becomes the pattern ``{key: [value]}``).
-
-``functions`` is optional; without it each argument takes the type of its
-acceptable value.
-
-An optional ``"language"`` (``"python"``, the default, ``"java"`` or ``"javascript"``; BFCL's
-``simple_java`` and ``simple_javascript``) says the functions use that language's type names
-(``String``, ``long``, ``HashMap``, ``Bigint``, ...) and the model gives every argument as a string
-of source text, converted by BFCL's rules before the value rules apply (``source_values``); the
-acceptable values (in ``answers`` or ``calls``) are the converted Python values. It needs
-``functions``. Anything else is an error that names the problem.
+The rules in full: ``docs/reward_fns.md`` (``reward_fns/tool_calling/reference.py``).
 """
 
 from __future__ import annotations

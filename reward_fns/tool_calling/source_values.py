@@ -1,59 +1,6 @@
-r"""Argument values written as Java or JavaScript source: BFCL's reading of them, re-stated.
+"""Argument values written as Java or JavaScript source: BFCL's reading of them, re-stated.
 
-In BFCL's ``simple_java`` and ``simple_javascript`` categories the function docs use the
-language's type names and the model gives every argument as a *string of source text*
-(``"new ArrayList<>(Arrays.asList(\"a\"))"``, ``"42L"``, ``"[1, 2]"``). BFCL converts that text to a
-Python value by the parameter's declared type and then applies its usual value rules (``values``).
-A value that is not a string is the wrong type. Text that does not have the form its type asks for
-stays the text itself (a string), which then fails the type rule unless the possible answer is a
-string too ("a variable"). The conversion rules, in BFCL's own lenient form (so that a reward of 1
-means what BFCL accepts; a real Java or JavaScript parser would read some texts differently,
-which is why no parser library is used), are:
-
-**Java** (the type name as written in the doc, case-sensitive):
-
-* ``byte``, ``short``, ``integer``: ``-?digits`` → int. ``long``: ``-?digits`` + ``L``/``l`` → int.
-* ``float``: ``-?digits[.digits][e±digits]`` + ``f``/``F`` → float; ``double``: the same without
-  the suffix. ``boolean``: exactly ``true`` / ``false``.
-* ``char``, ``String``, ``any``: the text itself (quotes included: BFCL's char pattern can never
-  match, and it never unquotes a ``String``).
-* ``Array``: the first ``new T[]{a, b}`` found anywhere in the text; its body split at every comma,
-  blank pieces dropped, each piece read by the item type (so ``String`` items keep their quotes).
-* ``ArrayList``: the first ``new ArrayList<T>(Arrays.asList(a, b))`` found (body up to the first
-  ``))``, split at every comma), else the first ``new ArrayList<T>() {{ add(a); add(b); }}``
-  (each ``add(..)`` up to its first ``)``), else ``new ArrayList<T>()`` → ``[]``. An item of a
-  ``char`` or ``String`` list loses its first and last character (the quotes); any other item is
-  read by the item type.
-* ``HashMap``: the first ``new HashMap<..>() {{ put("k", v); ... }}`` → ``{k: v}`` (each ``put``
-  up to its first ``)``; the key must be double-quoted), else ``new HashMap<..>()`` → ``{}``. A map
-  value is read without a type: ``true``/``false``, ``"text"`` → text, ``-?digits`` + ``L`` → int,
-  a ``float`` literal with ``f`` → float, else Python's ``int()``, else ``float()``, else the text.
-* ``Set``, ``Hashtable``, ``Queue``, ``Stack``: BFCL lists them but cannot convert them; a ground
-  truth that uses them is refused.
-
-**JavaScript**:
-
-* ``String``: the text without its quotes when it starts and ends with ``"`` or with ``'``, else
-  the text itself. ``any``: the text itself.
-* ``integer``: ``-?digits`` → int; ``float``: ``-?digits[.digits]`` → float (no exponent);
-  ``Bigint``: ``-?digits`` + ``n`` → int; ``Boolean``: exactly ``true`` / ``false``.
-* ``array`` (the text stripped): a text that *starts* with an array of arrays (``[[..], [..]]`` or
-  ``new Array([..], ..)``) → one list per ``[..]`` inside it, each piece read without a type; else a
-  text starting with ``[a, b]`` or ``new Array(a, b)`` (up to the first ``]`` / ``)``) → the body
-  split at every comma, each piece read by the item type (a quoted piece as a ``String`` when the
-  item type is one); anything else stays the text.
-* ``dict`` (stripped): ``{}`` → ``{}``; a text starting with ``{..}`` (up to the first ``}``, one
-  line) → ``key: value`` pairs (a pair ends at a comma followed by another ``key:``), the key
-  unquoted, a ``[..]`` value read as an untyped array, a ``{..}`` value as a dict, any other value
-  with its outer quotes stripped and then read without a type.
-* Reading without a type: ``true``/``false``, a quoted text → its inside, Python's ``int()``, else
-  ``float()``, else the text.
-
-One deliberate difference: a collection (Java ``Array``, ``ArrayList``, ``HashMap``; JavaScript
-``array``, ``dict``) written in more than ``MAX_COLLECTION_CHARS`` characters is not read and counts
-as the wrong type. BFCL's patterns search the text from every position, which takes time quadratic
-in its length (30 s for a hostile 256 KiB Java ``HashMap`` text here); the longest gold value in
-BFCL's Java and JavaScript data has 152 characters.
+The rules in full: ``docs/reward_fns.md`` (``reward_fns/tool_calling/source_values.py``).
 """
 
 from __future__ import annotations

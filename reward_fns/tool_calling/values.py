@@ -1,37 +1,6 @@
-r"""Whether one argument value is acceptable: BFCL's AST-checker rules, re-stated and re-implemented.
+"""Whether one argument value is acceptable: BFCL's AST-checker rules, re-stated and re-implemented.
 
-An argument has a schema node (its ``type``, and ``items.type`` for arrays) and a list of
-acceptable values from the possible answer (``""`` marks it optional). Let ``E`` be the Python
-type of the schema type (``string``→str, ``integer``→int, ``float``/``number``→float,
-``boolean``→bool, ``array``/``tuple``→list, ``dict``/``object``→dict, ``null``→None, and, as in
-BFCL, ``any``→str) and ``P`` the type of the first acceptable value that is not ``""``. A schema
-without a type takes ``E = P``.
-
-1. **Int as float.** Where ``E`` is float, an int value is first converted to float.
-2. **Type rule** (BFCL's ``type_checker``). The value is of type ``E``, *or of type P*: a value of
-   the possible answer's own type is accepted even where the schema says another (BFCL's answers
-   write a variable as a string, e.g. ``"data['sales']"`` for an array of floats; some give a
-   boolean for a string parameter). Types compare exactly (``True`` is not an int). For an array
-   of ``E``-type, each item must be of the item type, or of the type of the first item of an
-   acceptable list, for at least one acceptable value; an acceptable value that is not a list
-   (the optional marker ``""``) passes the item check.
-3. **Value rule.** When ``P`` differs from ``E`` (a "variable"), the value must equal an
-   acceptable value exactly (Python ``==``). Otherwise, by ``E``:
-
-   * str: equal after ``normalize_string`` to an acceptable string (case, spaces and
-     ``, . / - _ * ^`` ignored; ``'`` counts as ``"``);
-   * list of dicts: same length as an acceptable list, and each dict matches that list's dict
-     pattern at the same position;
-   * other lists: equal to an acceptable list once their top-level strings are normalised;
-   * dict: matches an acceptable *dict pattern* ``{key: [acceptable values]}``: every key of the
-     value is in the pattern with a value among that key's acceptable values (strings
-     normalised, anything else, nested dicts included, compared with ``==`` as literals), and
-     every pattern key that is left out has ``""`` among its acceptable values;
-   * anything else (numbers, booleans, null): ``==`` to an acceptable value (so ``5 == 5.0``).
-
-These are BFCL's rules including its quirks (``==`` treats ``1`` and ``True`` alike where the types
-already passed; only one nesting level is type-checked), so that a reward of 1 means exactly what
-BFCL's checker accepts.
+The rules in full: ``docs/reward_fns.md`` (``reward_fns/tool_calling/values.py``).
 """
 
 from __future__ import annotations
