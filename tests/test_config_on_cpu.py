@@ -94,6 +94,13 @@ def valid_block(**changes: object) -> dict:
         ({"replay": {"chunk": 3}}, "mrtpo.replay.chunk", "js_chunk_size"),
         ({"replay": {"on_worker_failure": "ignore"}}, "mrtpo.replay.on_worker_failure", "error | uniform"),
         ({"replay": {"verifier_item_template": "{name}"}}, "mrtpo.replay.verifier_item_template", "{info}"),
+        ({"replay": {"max_cache_bytes": 0}}, "mrtpo.replay.max_cache_bytes", "null = 4294967296 bytes, or an integer"),
+        ({"replay": {"max_cache_tokens": 2.5}}, "mrtpo.replay.max_cache_tokens", "null, or an integer ≥ 1"),
+        (
+            {"replay": {"max_cache_tokens": 65536, "max_cache_bytes": 2**30}},
+            "mrtpo.replay.max_cache_tokens",
+            "one of the two; max_cache_bytes derives the token budget from the model",
+        ),
     ],
 )
 def test_bad_values_name_the_field_and_the_allowed_values(changes: dict, field: str, allowed: str) -> None:
@@ -228,3 +235,10 @@ def test_the_dry_run_reads_json_data_files_as_verl_does(tmp_path) -> None:
     broken.write_text("{not json")
     with pytest.raises(ConfigMistake, match=r"is not a readable JSON file"):
         check_data_file(config, "data.train_files", str(broken), None)
+
+
+def test_cache_budget_is_bytes_by_default_or_one_explicit_field() -> None:
+    replay = MRTPOConfig.from_block(valid_block()).replay
+    assert (replay.max_cache_bytes, replay.max_cache_tokens) == (None, None)  # the scorer uses 4 GiB
+    assert MRTPOConfig.from_block(valid_block(replay={"max_cache_bytes": 2**31})).replay.max_cache_bytes == 2**31
+    assert MRTPOConfig.from_block(valid_block(replay={"max_cache_tokens": 512})).replay.max_cache_tokens == 512

@@ -18,12 +18,12 @@ from typing import Any, Protocol
 
 import torch
 
-from mrtpo_verl.config import ReplayConfig
+from mrtpo_verl.config import DEFAULT_MAX_CACHE_BYTES, ReplayConfig
 from mrtpo_verl.math.relevance import js_distance_one_to_many
 from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner, PrefixCache
 from mrtpo_verl.replay.prefix_tree import PrefixNode, build_prefix_tree
 
-__all__ = ["ReplayInputs", "ReplayResult", "ReplayScorer", "ReplayStats"]
+__all__ = ["ReplayInputs", "ReplayResult", "ReplayScorer", "ReplayStats", "cache_bytes_per_token"]
 
 PADDING_SIDES = ("right", "left")
 # Config attributes of models whose logits are not plain lm_head(hidden); values that leave logits unchanged.
@@ -131,7 +131,15 @@ class ReplayScorer:
             (:mod:`~mrtpo_verl.replay.prefix_tree`); False replays every context from its first token.
         min_shared_tokens: fewest tokens two or more contexts must share to get their own cached prefix.
         max_cache_tokens: with sharing, at most this many rows × (cached prefix + longest remainder) per forward
-            call: bounds the key/value cache held at once (a row that alone exceeds it runs alone).
+            call: bounds the key/value cache held at once (a row that alone exceeds it runs alone). None: derived
+            from ``max_cache_bytes``.
+        max_cache_bytes: with sharing and no ``max_cache_tokens``, the key/value-cache bytes one call may hold
+            (None: ``DEFAULT_MAX_CACHE_BYTES``); the token budget is ``max_cache_bytes //``
+            :func:`cache_bytes_per_token` of the model (its config, and the dtype its keys and values are computed
+            in). Only one of the two may be given.
+
+    Attributes:
+        max_cache_tokens: the token budget in force (0 without sharing: no cache is held).
     """
 
     def __init__(
@@ -144,13 +152,21 @@ class ReplayScorer:
         max_tokens_per_micro_batch: int = 4096,
         share_prefix: bool = True,
         min_shared_tokens: int = ReplayConfig.min_shared_tokens,
-        max_cache_tokens: int = ReplayConfig.max_cache_tokens,
+        max_cache_tokens: int | None = None,
+        max_cache_bytes: int | None = None,
     ) -> None:
-        sizes = (js_chunk_size, micro_batch_size, max_tokens_per_micro_batch, min_shared_tokens, max_cache_tokens)
+        sizes = (js_chunk_size, micro_batch_size, max_tokens_per_micro_batch, min_shared_tokens)
         if min(sizes) < 1:
             raise ValueError(
-                "js_chunk_size, micro_batch_size, max_tokens_per_micro_batch, min_shared_tokens and "
-                f"max_cache_tokens must be ≥ 1, got {', '.join(map(str, sizes))}"
+                "js_chunk_size, micro_batch_size, max_tokens_per_micro_batch and min_shared_tokens must be ≥ 1, "
+                f"got {', '.join(map(str, sizes))}"
+            )
+        for name, budget in (("max_cache_tokens", max_cache_tokens), ("max_cache_bytes", max_cache_bytes)):
+            if budget is not None and budget < 1:
+                raise ValueError(f"{name} must be ≥ 1 (or None), got {budget}")
+        if max_cache_tokens is not None and max_cache_bytes is not None:
+            raise ValueError(
+                f"give max_cache_tokens or max_cache_bytes, not both (got {max_cache_tokens} and {max_cache_bytes})"
             )
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -166,7 +182,7 @@ class ReplayScorer:
         self.padding_side = padding_side
         self.share_prefix = bool(share_prefix)
         self.min_shared_tokens = min_shared_tokens
-        self.max_cache_tokens = max_cache_tokens
+        self.max_cache_tokens = self._cache_token_budget(max_cache_tokens, max_cache_bytes)
 
     @classmethod
     def from_config(cls, model: Any, replay: ReplayConfig, padding_side: str = "right") -> ReplayScorer:
@@ -181,7 +197,17 @@ class ReplayScorer:
             replay.share_prefix,
             replay.min_shared_tokens,
             replay.max_cache_tokens,
+            replay.max_cache_bytes,
         )
+
+    def _cache_token_budget(self, max_cache_tokens: int | None, max_cache_bytes: int | None) -> int:
+        """Tokens of key/value cache one call may hold: given, or ``max_cache_bytes`` ÷ the model's bytes per token."""
+        if max_cache_tokens is not None:
+            return max_cache_tokens
+        if not self.share_prefix:
+            return 0  # no prefix cache is ever held
+        per_token = cache_bytes_per_token(getattr(self.model, "config", None), _cache_dtype(self.runner))
+        return max(1, (DEFAULT_MAX_CACHE_BYTES if max_cache_bytes is None else max_cache_bytes) // per_token)
 
     @property
     def device(self) -> torch.device:
@@ -338,6 +364,42 @@ class ReplayScorer:
         """(rows, hidden) → (rows, vocab) float32 logits / τ (upcast first: bf16 would round the division)."""
         logits: torch.Tensor = self.runner.logits(hidden).float()
         return logits if self.temperature == 1.0 else logits.div_(self.temperature)
+
+
+def cache_bytes_per_token(model_config: Any, dtype: torch.dtype) -> int:
+    """Key/value-cache bytes of one token: 2 (key, value) × layers × kv_heads × head_dim × bytes of ``dtype``.
+
+    Read from a transformers config (its text config for a multimodal one): ``num_hidden_layers``,
+    ``num_key_value_heads`` (default ``num_attention_heads``), ``head_dim`` (default
+    ``hidden_size // num_attention_heads``).
+
+    Raises:
+        ValueError: the config lacks a field, naming it and ``mrtpo.replay.max_cache_tokens`` as the way out.
+    """
+    text_config = getattr(model_config, "get_text_config", None)
+    config = text_config() if callable(text_config) else model_config
+    fields: dict[str, int] = {}
+    for name in ("num_hidden_layers", "num_attention_heads", "hidden_size"):
+        value = getattr(config, name, None)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"the replay cannot size its key/value cache: the model config has no {name} ({value!r}); "
+                "set mrtpo.replay.max_cache_tokens"
+            )
+        fields[name] = value
+    kv_heads = getattr(config, "num_key_value_heads", None) or fields["num_attention_heads"]
+    head_dim = getattr(config, "head_dim", None) or fields["hidden_size"] // fields["num_attention_heads"]
+    return 2 * fields["num_hidden_layers"] * int(kv_heads) * int(head_dim) * dtype.itemsize
+
+
+def _cache_dtype(runner: ModelRunner) -> torch.dtype:
+    """The dtype keys and values are computed in: the runner's autocast dtype, else the model's parameters'."""
+    autocast = getattr(runner, "autocast_dtype", None)
+    if autocast is not None and autocast != torch.float32:
+        return autocast  # type: ignore[no-any-return]
+    parameters = getattr(runner.model, "parameters", None)
+    floating = (p.dtype for p in parameters() if p.is_floating_point()) if callable(parameters) else iter(())
+    return next(floating, torch.float32)
 
 
 def _refuse_logit_post_processing(model: Any) -> None:

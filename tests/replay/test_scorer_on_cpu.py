@@ -8,18 +8,21 @@ model's own greedy generations.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from mrtpo_verl.config import ReplayConfig
+from mrtpo_verl.config import DEFAULT_MAX_CACHE_BYTES, ReplayConfig
 from mrtpo_verl.replay.contexts import ReplayContexts
-from mrtpo_verl.replay.scorer import ReplayResult, ReplayScorer
+from mrtpo_verl.replay.model_runners import LocalModelRunner
+from mrtpo_verl.replay.scorer import ReplayResult, ReplayScorer, cache_bytes_per_token
 
 pytestmark = pytest.mark.slow
 JS_CHUNK = 5  # < the 16-token responses, so every response spans several LM-head chunks, the last one partial
@@ -284,3 +287,36 @@ def test_from_config_and_input_validation(model: Any, replay_items: list[ReplayC
         ReplayScorer(model, padding_side="middle")
     with pytest.raises(ValueError, match="max_cache_tokens must be ≥ 1"):
         ReplayScorer(model, max_cache_tokens=0)
+
+
+def measured_cache_bytes_per_token(model: Any, tokens: int = 5) -> float:
+    """Bytes per token of a real key/value cache the model builds over ``tokens`` tokens."""
+    ids = torch.arange(10, 10 + tokens)[None]
+    with torch.no_grad():
+        cache = LocalModelRunner(model).prefix_cache(ids, torch.ones_like(ids), torch.arange(tokens)[None])
+    return cache.nbytes / cache.length
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cache_bytes_per_token_is_what_a_real_cache_holds(model: Any, dtype: torch.dtype) -> None:
+    typed = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
+    per_token = cache_bytes_per_token(typed.config, dtype)
+    assert per_token == measured_cache_bytes_per_token(typed)
+    scorer = ReplayScorer(typed)  # the default byte budget, turned into tokens for this model and dtype
+    assert scorer.max_cache_tokens == DEFAULT_MAX_CACHE_BYTES // per_token
+    assert ReplayScorer(typed, max_cache_bytes=10 * per_token + 1).max_cache_tokens == 10
+
+
+def test_cache_budget_given_in_tokens_or_bytes_not_both(model: Any) -> None:
+    assert ReplayScorer(model, max_cache_tokens=300).max_cache_tokens == 300
+    assert ReplayScorer(model, max_cache_bytes=1).max_cache_tokens == 1  # at least one token: a row runs alone
+    assert ReplayScorer(model, share_prefix=False).max_cache_tokens == 0  # no cache held, no budget
+    with pytest.raises(ValueError, match="not both"):
+        ReplayScorer(model, max_cache_tokens=300, max_cache_bytes=2**30)
+    with pytest.raises(ValueError, match="max_cache_bytes must be ≥ 1"):
+        ReplayScorer(model, max_cache_bytes=0)
+
+
+def test_a_config_without_layer_count_names_the_token_override() -> None:
+    with pytest.raises(ValueError, match=r"no num_hidden_layers .*set mrtpo\.replay\.max_cache_tokens"):
+        cache_bytes_per_token(SimpleNamespace(num_attention_heads=4, hidden_size=64), torch.bfloat16)
