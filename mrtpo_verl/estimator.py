@@ -199,8 +199,8 @@ def _placed_advantage(
         term = weighted_token_advantage(
             reward_advantages[:, k : k + 1], weights, reward_weights[k : k + 1], response_mask
         )
-        placed = term if placed is None else placed + term
-        del weights
+        placed = term if placed is None else placed.add_(term)  # the same sum as placed + term, in place
+        del weights, term
     if placed is None:
         raise ValueError("at least one reward is needed")
     return placed, maxima
