@@ -55,7 +55,7 @@ def _valid_counts(valid: torch.Tensor, rows_at_a_time: int = 64) -> torch.Tensor
     Counted a block of rows at a time: a bool sum casts its input to int64 first, which for the whole mask
     would be a (bs, L) int64 temporary (8 bytes per token).
     """
-    return torch.cat([block.sum(dim=-1, keepdim=True) for block in valid.split(rows_at_a_time)])
+    return torch.cat([block.sum(dim=-1, keepdim=True) for block in torch.split(valid, rows_at_a_time)])
 
 
 def _relevance_ratio_(q: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
