@@ -33,10 +33,16 @@ def top_share(relevance: torch.Tensor, valid: torch.Tensor, fraction: float = TO
     return torch.where(total > 0, top / total.clamp(min=1e-12), torch.nan)
 
 
+#: Rows of the relevance tensor read at a time for the metrics (the driver never copies all of it).
+METRIC_ROW_BLOCK = 64
+
+
 def relevance_metrics(
     relevance: torch.Tensor, response_mask: torch.Tensor, needed: torch.Tensor, reward_keys: tuple[str, ...]
 ) -> dict[str, float]:
     """Per reward: mean relevance and the top-10% share over the replayed responses.
+
+    Read :data:`METRIC_ROW_BLOCK` rows at a time, so the extra memory is a few (block, L) tensors.
 
     Args:
         relevance: (bs, K, L).
@@ -44,18 +50,23 @@ def relevance_metrics(
         needed: (bs, K) bool, the pairs that were replayed.
         reward_keys: names of the K rewards.
     """
-    valid = response_mask.bool()
     metrics: dict[str, float] = {}
     for k, key in enumerate(reward_keys):
-        rows = needed[:, k]
-        if not bool(rows.any()):
+        rows = torch.nonzero(needed[:, k]).flatten()
+        if rows.numel() == 0:
             continue
-        q, v = relevance[rows, k], valid[rows]
-        metrics[f"mrtpo/{key}/relevance_mean"] = float(q[v].mean()) if bool(v.any()) else 0.0
-        shares = top_share(q, v)
-        shares = shares[~torch.isnan(shares)]
-        if shares.numel():
-            metrics[f"mrtpo/{key}/relevance_top10_share"] = float(shares.mean())
+        total, count, share_sum, share_count = 0.0, 0, 0.0, 0
+        for block in rows.split(METRIC_ROW_BLOCK):
+            q, v = relevance[block, k], response_mask[block].bool()
+            total += float(torch.where(v, q, 0.0).sum(dtype=torch.float64))
+            count += int(v.sum())
+            shares = top_share(q, v)
+            kept = shares[~torch.isnan(shares)]
+            share_sum += float(kept.sum(dtype=torch.float64))
+            share_count += kept.numel()
+        metrics[f"mrtpo/{key}/relevance_mean"] = total / count if count else 0.0
+        if share_count:
+            metrics[f"mrtpo/{key}/relevance_top10_share"] = share_sum / share_count
     return metrics
 
 

@@ -153,3 +153,22 @@ def test_our_separate_async_worker_has_verls_and_our_methods() -> None:
     for name in ("save_model_to_cpu", "restore_model_from_cpu", "clear_cpu_model", "compute_mrtpo_relevance"):
         assert callable(getattr(MRTPODetachActorWorker, name)), name
     assert mrtpo_actor_class(object) is None
+
+
+def test_relevance_metrics_read_in_row_blocks_equal_the_whole_batch_formula() -> None:
+    """150 rows (more than two blocks), K=2, random lengths and needed pairs: mean and top-10% share by hand."""
+    from mrtpo_verl.metrics import METRIC_ROW_BLOCK, relevance_metrics, top_share
+
+    generator = torch.Generator().manual_seed(3)
+    bs, length = 150, 40
+    assert bs > 2 * METRIC_ROW_BLOCK
+    relevance = torch.rand(bs, 2, length, generator=generator)
+    lengths = torch.randint(1, length + 1, (bs,), generator=generator)
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+    needed = torch.rand(bs, 2, generator=generator) > 0.3
+    got = relevance_metrics(relevance, mask, needed, ("a", "b"))
+    for k, key in enumerate(("a", "b")):
+        q, v = relevance[needed[:, k], k], mask[needed[:, k]].bool()
+        assert got[f"mrtpo/{key}/relevance_mean"] == pytest.approx(float(q[v].double().mean()), rel=1e-9)
+        shares = top_share(q, v)
+        assert got[f"mrtpo/{key}/relevance_top10_share"] == pytest.approx(float(shares.double().mean()), rel=1e-6)
