@@ -217,3 +217,9 @@ def test_the_evaluation_mean_over_training_steps_leaves_out_step_0() -> None:
     assert comparison.mean_eval("mrtpo", 1, "if_c0") == 1.0
     table = "\n".join(reward_table(comparison, "if_c0", {}))
     assert "| mrtpo | 1 | 1.000 (1 seed) | 0.500 (1 seed) | 1.000 (1 seed) | 0.750 (1 seed) |" in table
+
+
+def test_a_seed_whose_gdpo_run_has_not_finished_is_left_out_of_the_pairs() -> None:
+    runs = {("mrtpo", 3): [{"arm": "mrtpo", "seed": 3, "step": step, "eval": {"if_c0": 0.5}} for step in (0, 1)]}
+    table = "\n".join(reward_table(Comparison(runs, KEYS, ["gdpo", "mrtpo"]), "if_c0", {}))
+    assert "| mrtpo | 1 | 0.500 (1 seed) | n/a (no gdpo run with these seeds) |" in table

@@ -45,7 +45,8 @@ class Comparison:
         return sorted(seed for a, seed in self.runs if a == arm)
 
     def eval_curve(self, arm: str, seed: int, key: str) -> list[tuple[int, float]]:
-        return [(r["step"], r["eval"][key]) for r in self.runs[(arm, seed)] if key in r.get("eval", {})]
+        """(step, evaluation) of the run; empty when that run has not finished (a pair's gdpo run may not)."""
+        return [(r["step"], r["eval"][key]) for r in self.runs.get((arm, seed), []) if key in r.get("eval", {})]
 
     def train_curve(self, arm: str, seed: int, key: str) -> list[tuple[int, float]]:
         return [(r["step"], r["train"][key]) for r in self.runs[(arm, seed)] if key in r.get("train", {})]
