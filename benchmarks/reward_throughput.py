@@ -267,9 +267,7 @@ def fairness_run(reward_loop: VerlRewardLoop, slow: list[Any], ordinary: list[An
     )
 
 
-def fairness_rows(
-    loop: asyncio.AbstractEventLoop, slow_count: int, ordinary_count: int, repeats: int = 3
-) -> list[Row]:
+def fairness_rows(loop: asyncio.AbstractEventLoop, slow_count: int, ordinary_count: int, repeats: int = 3) -> list[Row]:
     """Per family: medians over `repeats` runs of the mixed batch, the gold alone and verl's decoding; the
     counts are the worst run's (fewest slow answers marked as timeouts, most gold scores changed)."""
     workers = DEFAULT_WORKERS  # = asyncio's default executor size, where verl runs compute_score
