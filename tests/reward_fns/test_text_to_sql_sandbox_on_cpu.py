@@ -18,6 +18,8 @@ from reward_fns.text_to_sql.sandbox import QueryError, ReadOnlyDatabase, databas
 DEADLINE_S = 0.5
 # Slack for scheduling on a busy 2-core machine; the interrupt itself lands within milliseconds.
 DEADLINE_MARGIN_S = 0.5
+# Deadline for statements that a cap (not the clock) must stop.
+CAP_CASE_DEADLINE_S = 20.0
 
 # Each statement would change the database, escape it, or run without end.
 # The ATTACH target is created relative to the test's temporary folder (see `hostile_sql`).
@@ -130,9 +132,12 @@ def test_hostile_responses_score_zero_for_execution(name: str, world_copy: Path,
     ],
 )
 def test_refusals_say_why(name: str, kind: str, message: str, world_copy: Path, tmp_path: Path) -> None:
+    # A cap refusal (rows, bytes) is reached in milliseconds, but a busy CI machine can deschedule the
+    # process for longer than the short deadline; those cases get a deadline that only a hang reaches.
+    timeout_s = DEADLINE_S if kind == "timeout" else CAP_CASE_DEADLINE_S
     database = ReadOnlyDatabase(world_copy)
     with pytest.raises(QueryError, match=re.escape(message)) as caught:
-        database.execute(hostile_sql(name, tmp_path), timeout_s=DEADLINE_S)
+        database.execute(hostile_sql(name, tmp_path), timeout_s=timeout_s)
     assert caught.value.kind == kind
     database.close()
 
