@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 from verl.protocol import DataProto
 
 from mrtpo_verl.batch_keys import RELEVANCE_KEY
-from mrtpo_verl.workers.balanced_split import balanced_row_order, dispatch_balanced, restore_row_order, row_costs
+from mrtpo_verl.workers.balanced_split import (
+    SPLIT_ABOVE,
+    dispatch_balanced,
+    grouped_rank_rows,
+    prompt_groups,
+    restore_row_order,
+    row_costs,
+)
 
 
 def request_of(needed: list[list[bool]], prompt_lengths: list[int], response_lengths: list[int]) -> DataProto:
@@ -40,23 +47,70 @@ def test_costs_count_passes_times_tokens() -> None:
     assert row_costs(request).tolist() == [15, 12, 0]
 
 
-@given(st.lists(st.integers(0, 50), min_size=1, max_size=40), st.integers(1, 8))
-def test_order_is_a_permutation_into_equal_chunks_with_balanced_loads(costs: list[int], chunks: int) -> None:
-    costs = costs + [0] * (-len(costs) % chunks)  # padded as dispatch_balanced pads
-    order = balanced_row_order(costs, chunks)
-    assert sorted(order) == list(range(len(costs)))
-    size = len(costs) // chunks
-    loads = [sum(costs[row] for row in order[i * size : (i + 1) * size]) for i in range(chunks)]
-    # No chunk exceeds the mean by more than the costliest row.
-    assert max(loads) <= sum(costs) / chunks + max(costs)
+@given(
+    st.lists(st.tuples(st.integers(1, 8), st.integers(0, 50)), min_size=1, max_size=12),
+    st.integers(1, 6),
+)
+def test_groups_stay_whole_when_the_balance_allows_and_every_row_lands_once(
+    groups_spec: list[tuple[int, int]], ranks: int
+) -> None:
+    groups, costs = [], []
+    for size, cost in groups_spec:  # `size` rows of equal cost per group
+        groups.append(list(range(len(costs), len(costs) + size)))
+        costs += [cost] * size
+    parts = grouped_rank_rows(costs, groups, ranks)
+    assert len(parts) == ranks and sorted(row for part in parts for row in part) == list(range(len(costs)))
+    loads = [sum(costs[row] for row in part) for part in parts]
+    mean = sum(costs) / ranks
+    # Balanced within the tolerance, or every unit left is one row (list scheduling: ≤ mean + costliest row).
+    assert max(loads) <= SPLIT_ABOVE * mean or max(loads) <= mean + max(costs)
+    group_costs = [sum(costs[row] for row in group) for group in groups]
+    if max(group_costs) <= (SPLIT_ABOVE - 1) * mean:
+        # Whole groups already fit the tolerance (≤ mean + costliest group): no group is cut.
+        rank_of = {row: rank for rank, part in enumerate(parts) for row in part}
+        assert all(len({rank_of[row] for row in group}) == 1 for group in groups)
 
 
-def test_work_bunched_at_the_front_is_spread_over_the_ranks() -> None:
-    # After skipping, the needed rows are often contiguous (whole groups); verl's plain split would give
-    # rank 0 all of them.
-    order = balanced_row_order([5, 5, 5, 5, 0, 0, 0, 0], chunks=2)
-    assert sorted(order[:4]) != [0, 1, 2, 3]
-    assert sum(1 for row in order[:4] if row < 4) == 2
+def test_each_group_goes_whole_to_one_rank_and_the_loads_balance() -> None:
+    # Four groups of four rows (costs 9, 8, 7, 6 per row) on two ranks: 9 + 6 and 8 + 7, no group cut.
+    groups = [list(range(g * 4, g * 4 + 4)) for g in range(4)]
+    costs = [9] * 4 + [8] * 4 + [7] * 4 + [6] * 4
+    parts = grouped_rank_rows(costs, groups, 2)
+    assert sorted(parts) == [[0, 1, 2, 3, 12, 13, 14, 15], [4, 5, 6, 7, 8, 9, 10, 11]]
+
+
+def test_fewer_groups_than_ranks_are_cut_in_halves() -> None:
+    # One group of eight rows on four ranks: halves of halves, two rows per rank.
+    parts = grouped_rank_rows([5] * 8, [list(range(8))], 4)
+    assert sorted(parts) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_groups_without_cost_fill_the_ranks_with_fewest_rows() -> None:
+    # Nothing needed anywhere: the groups only balance the rows (the chunks then need no padding).
+    parts = grouped_rank_rows([0] * 8, [[0, 1, 2, 3], [4, 5], [6, 7]], 2)
+    assert parts == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_groups_are_rows_with_the_same_prompt_ids() -> None:
+    request = request_of([[True, True]] * 4, [3, 4, 3, 4], [2, 2, 2, 2])
+    request.batch["prompts"][1, 0] = 7  # row 1's prompt differs from row 3's in its first token
+    assert prompt_groups(request) == [[0, 2], [1], [3]]
+
+
+def test_a_rank_with_no_group_gets_padding_rows_only() -> None:
+    # One needed group of two and nothing else: it stays whole on one rank, the other gets idle padding.
+    request = request_of([[True, True], [True, True]], [4, 4], [3, 3])
+    seen: list[DataProto] = []
+
+    def dp_call(padded: DataProto) -> DataProto:
+        seen.extend(padded.chunk(2))
+        return DataProto.concat([DataProto.from_dict(tensors={"row": c.batch["row"]}) for c in seen])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("mrtpo_verl.workers.balanced_split.SPLIT_ABOVE", 10.0)  # keep the group whole
+        answer = dispatch_balanced(request, 2, dp_call)
+    assert answer.batch["row"].tolist() == [0, 1]
+    assert [c.batch["mrtpo_needed"].any(dim=1).tolist() for c in seen] == [[True, True], [False, False]]
 
 
 def test_dispatch_pads_with_idle_rows_and_answers_in_request_order() -> None:
