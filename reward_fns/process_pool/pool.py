@@ -15,7 +15,7 @@ import time
 from typing import IO, Any
 
 from reward_fns.process_pool.protocol import HEADER, MAX_FRAME_BYTES, decode_body, encode_frame
-from reward_fns.process_pool.zygote import Zygote, ZygoteError
+from reward_fns.process_pool.zygote import PendingFork, Zygote, ZygoteError
 from reward_fns.total import ResponseTimeout, VerifierFaultError
 
 
@@ -106,32 +106,34 @@ class _Worker:
     """One worker process, forked by the pool's zygote, with its two pipes and a pidfd.
 
     A worker whose fork failed (the zygote could not start or answer) holds the reason in `failure`
-    and has no process: `poll_ready` raises it, so the pool's start retries count it.
+    and has no process: `poll_ready` raises it, so the pool's start retries count it. With
+    ``wait=False`` the fork command is only sent (`Zygote.fork_soon`): the pid and pidfd are learnt
+    when first needed (`alive`, `kill`), and a fork the zygote could not take at once leaves
+    `failure` set.
     """
 
-    def __init__(self, zygote: Zygote) -> None:
+    def __init__(self, zygote: Zygote, wait: bool = True) -> None:
         self.zygote = zygote
         self.ready = False
         self.started_at = time.monotonic()
         self.failure: str | None = None
         self.pid: int | None = None
         self._pidfd: int | None = None
+        self._pending_fork: PendingFork | None = None
+        self.forked_soon = not wait
         self._ended: str | None = None
-        self._end_lock = threading.Lock()
+        self._end_lock = threading.RLock()
         self._pending = bytearray()
         requests_read, requests_write = os.pipe()
         replies_read, replies_write = os.pipe()
         try:
-            self.pid = zygote.fork(requests_read, replies_write, STARTUP_TIMEOUT_S)
-            try:
-                # Race-free: the zygote reaps a worker only when asked, so the pid is still this worker's.
-                self._pidfd = os.pidfd_open(self.pid)
-            except OSError:  # out of file descriptors: the worker goes, and so do our pipe ends
-                with contextlib.suppress(ZygoteError):
-                    zygote.reap(self.pid, 0.0)
-                os.close(requests_write)
-                os.close(replies_read)
-                raise
+            if wait:
+                self.pid = zygote.fork(requests_read, replies_write, STARTUP_TIMEOUT_S)
+                self._open_pidfd(self.pid, requests_write, replies_read)
+            else:
+                self._pending_fork = zygote.fork_soon(requests_read, replies_write)
+                if self._pending_fork is None:
+                    self.failure = "the zygote could not take a fork command at once"
         except ZygoteError as error:
             self.failure = f"{error}; the zygote: {zygote.returncode_text()}"
         finally:
@@ -141,8 +143,38 @@ class _Worker:
         self.requests: IO[bytes] = os.fdopen(requests_write, "wb", buffering=0)
         self.replies: IO[bytes] = os.fdopen(replies_read, "rb", buffering=0)
 
+    def _open_pidfd(self, pid: int, requests_write: int, replies_read: int) -> None:
+        try:
+            # Race-free: the zygote reaps a worker only when asked, so the pid is still this worker's.
+            self._pidfd = os.pidfd_open(pid)
+        except OSError:  # out of file descriptors: the worker goes, and so do our pipe ends
+            with contextlib.suppress(ZygoteError):
+                self.zygote.reap(pid, 0.0)
+            os.close(requests_write)
+            os.close(replies_read)
+            raise
+
+    def _resolve(self) -> None:
+        """Learns the pid of a worker forked with ``wait=False`` and opens its pidfd (once; a failure is kept)."""
+        with self._end_lock:
+            pending, self._pending_fork = self._pending_fork, None
+            if pending is None:
+                return
+            try:
+                self.pid = self.zygote.collect(pending)
+            except ZygoteError as error:
+                self.failure = f"{error}; the zygote: {self.zygote.returncode_text()}"
+                return
+            try:
+                self._pidfd = os.pidfd_open(self.pid)
+            except OSError as error:  # out of file descriptors: the worker goes
+                with contextlib.suppress(ZygoteError):
+                    self.zygote.reap(self.pid, 0.0)
+                self.failure, self.pid = f"its pidfd could not be opened ({error})", None
+
     def alive(self) -> bool:
         """Whether the worker process still runs (a pidfd becomes readable when its process exits)."""
+        self._resolve()
         return self._pidfd is not None and not _fd_readable(self._pidfd, 0.0)
 
     def poll_ready(self, timeout_s: float) -> bool:
@@ -219,6 +251,7 @@ class _Worker:
         returned at once. Idempotent.
         """
         with self._end_lock:
+            self._resolve()
             if self._ended is None:
                 if self._pidfd is not None:
                     with contextlib.suppress(ProcessLookupError):  # it has exited already
@@ -241,6 +274,7 @@ class _Worker:
         """Asks the worker to exit by closing its input; the zygote kills it if it has not exited in time."""
         self.close_input()
         with self._end_lock:
+            self._resolve()
             if self._ended is None:
                 self._ended = self._reaped(wait_s)
             self.forget()
@@ -327,6 +361,7 @@ class WorkerPool:
         self._condition = threading.Condition()
         self._closed = False
         self._forking = 0  # workers being forked now, outside the lock
+        self._forks_owed = 0  # replacements the zygote was too busy to take at once (`_fork_soon`)
         self._zygote: Zygote | None = None
         self._zygote_lock = threading.Lock()
 
@@ -455,7 +490,7 @@ class WorkerPool:
                     worker = self._take_ready_or_oldest()
                     self._busy.add(worker)
                     return worker
-                if len(self._busy) + self._forking < self.size:
+                if self._workers_counted() < self.size:
                     self._forking += 1
                     break
                 self._condition.wait()
@@ -478,6 +513,7 @@ class WorkerPool:
         if closed:
             worker.kill()
             raise WorkerFailure(f"the {self.label} worker pool is closed")
+        self._pay_owed_fork()  # the zygote has just answered this fork: it is free for one more
         return worker
 
     def _take_ready_or_oldest(self) -> _Worker:
@@ -498,6 +534,7 @@ class WorkerPool:
             else:
                 self._idle.append(worker)
             self._condition.notify()
+        self._pay_owed_fork()
 
     def _fork_worker(self) -> _Worker:
         """A worker forked by the zygote (started first, or again after it broke or died).
@@ -517,14 +554,75 @@ class WorkerPool:
 
     def _replace(self, worker: _Worker, status_wanted: bool = True) -> str:
         """Kills a broken worker; returns how it ended ("SIGKILL" unless `status_wanted`: the zygote
-        then reaps it in the background). The next call that needs a worker forks one (milliseconds),
-        so a call that failed at its deadline returns at once."""
+        then reaps it in the background).
+
+        A worker killed at its deadline (``status_wanted=False``) has its replacement's fork command
+        sent to the zygote at once, without waiting for the answer (`_fork_soon`): the call that
+        failed at its deadline returns at once, and the next call finds a forked worker instead of
+        forking one first. Otherwise the next call that needs a worker forks one.
+        """
         how = worker.kill(status_wanted)
         with self._condition:
             self._busy.discard(worker)
             self.kills += 1
+            fork_now = not status_wanted and not self._closed and self._workers_counted() < self.size
+            if fork_now:
+                self._forking += 1
             self._condition.notify()
+        if fork_now:
+            self._fork_soon()
+        self._pay_owed_fork()
         return how
+
+    def _workers_counted(self) -> int:
+        """Idle, busy and being-forked workers (under the condition's lock)."""
+        return len(self._idle) + len(self._busy) + self._forking
+
+    def _fork_soon(self) -> None:
+        """Sends a fork to the zygote for a slot counted in `_forking`, without waiting for its answer.
+
+        The worker joins the idle list at its oldest end, after the workers forked this way before it
+        (taken once no ready worker is idle; its ready frame and pid are read when a call takes it).
+        A zygote busy with another command leaves the fork owed: the next call that returns a worker
+        (`_pay_owed_fork`) sends it. A zygote that is not running or not ready is left alone: the
+        next call forks as usual.
+        """
+        worker: _Worker | None = None
+        owed = False
+        try:
+            with self._zygote_lock:
+                zygote = self._zygote
+            if zygote is not None and zygote.usable() and zygote.ready:
+                worker = _Worker(zygote, wait=False)
+                if worker.failure is not None:
+                    worker.forget()
+                    worker, owed = None, zygote.usable()
+        finally:
+            with self._condition:
+                self._forking -= 1
+                self._forks_owed += owed
+                closed = self._closed
+                if worker is not None and not closed:
+                    # After the forks sent before it, so the first sent (the first the zygote forks) is taken first.
+                    sent_before = next(
+                        (i for i, idle in enumerate(self._idle) if idle.ready or not idle.forked_soon), len(self._idle)
+                    )
+                    self._idle.insert(sent_before, worker)
+                self._condition.notify()
+        if worker is not None and closed:
+            worker.kill()
+
+    def _pay_owed_fork(self) -> None:
+        """Sends one owed fork (see `_fork_soon`) if the pool still has room for it."""
+        with self._condition:
+            if not self._forks_owed:
+                return
+            if self._closed or self._workers_counted() >= self.size:
+                self._forks_owed = 0
+                return
+            self._forks_owed -= 1
+            self._forking += 1
+        self._fork_soon()
 
     def close(self, wait_s: float = _CLOSE_WAIT_S) -> None:
         """Stops every worker (closes its input, kills it after `wait_s`), reaps it, then ends the zygote.

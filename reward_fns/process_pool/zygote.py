@@ -54,6 +54,14 @@ class ZygoteError(Exception):
     """The zygote exited, did not answer in time, or answered something else; the message says which."""
 
 
+class PendingFork:
+    """A fork command sent by `Zygote.fork_soon` whose answer is read later: `pid` or `failure` once read."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.failure: str | None = None
+
+
 class Zygote:
     """The pool's handle on its zygote process: start, fork a worker, reap a worker, close.
 
@@ -82,6 +90,7 @@ class Zygote:
         self._ready = False
         self._lock = threading.Lock()
         self._releases: list[int] = []  # killed workers to hand over for reaping
+        self._pending: list[PendingFork] = []  # forks sent by fork_soon whose answers are not read yet
 
     @property
     def ready(self) -> bool:
@@ -106,6 +115,63 @@ class Zygote:
             if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "forked"):
                 raise self._fail(f"it answered {reply!r:.200} to a fork")
             return int(reply[1])
+
+    def fork_soon(self, requests_fd: int, replies_fd: int) -> PendingFork | None:
+        """Sends a fork command without waiting for its answer (`collect` reads it); None if nothing was sent.
+
+        Sent only when the zygote is ready, no other command is under way and the socket takes the
+        command at once: the caller never waits. The zygote answers commands in order, so the answer
+        is read before the next command's (by `collect` or that command).
+        """
+        if not self._ready or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._send_releases()
+            if self.broken is not None:
+                return None
+            self.commands.settimeout(0.0)
+            try:
+                socket.send_fds(self.commands, [_packet(("fork",))], [requests_fd, replies_fd])
+            except BlockingIOError:
+                return None
+            except OSError as error:
+                self._fail(f"it could not take a command ({error})")
+                return None
+            pending = PendingFork()
+            self._pending.append(pending)
+            return pending
+        except ZygoteError:
+            return None
+        finally:
+            self._lock.release()
+
+    def collect(self, pending: PendingFork) -> int:
+        """The pid of a worker forked by `fork_soon`, reading the zygote's answer if not read yet.
+
+        Raises:
+            ZygoteError: The zygote refused the fork, exited or did not answer.
+        """
+        with self._lock, contextlib.suppress(ZygoteError):  # the failure is recorded in `pending`
+            self._collect_pending()
+        if pending.pid is None:
+            raise ZygoteError(pending.failure or "the zygote never answered the fork")
+        return pending.pid
+
+    def _collect_pending(self) -> None:
+        """Reads the answers to the forks sent by `fork_soon` (under the lock), in the order sent."""
+        while self._pending:
+            pending = self._pending[0]
+            try:
+                reply = self._receive(COMMAND_TIMEOUT_S, "an answer to 'fork'")
+                if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "forked"):
+                    raise self._fail(f"it answered {reply!r:.200} to a fork")
+            except ZygoteError as error:
+                for unanswered in self._pending:
+                    unanswered.failure = str(error)
+                self._pending.clear()
+                raise
+            pending.pid = int(reply[1])
+            self._pending.pop(0)
 
     def reap(self, pid: int, wait_s: float) -> int:
         """Waits up to `wait_s` for a worker to exit, kills it otherwise; its return code (-N: signal N).
@@ -187,6 +253,7 @@ class Zygote:
 
     def _command(self, message: tuple[Any, ...], fds: list[int], timeout_s: float) -> Any:
         self._send_releases()
+        self._collect_pending()
         if self.broken is not None:
             raise ZygoteError(f"the zygote is unusable ({self.broken})")
         self.commands.settimeout(timeout_s)

@@ -82,6 +82,17 @@ def wait_until_gone(pid: int) -> bool:
     return gone(pid)
 
 
+def live_children_of(pid: int, wait_for: Callable[[set[int]], bool] = bool) -> set[int]:
+    """The process's children that have not exited, once `wait_for` holds of them (or after 10 s)."""
+    give_up = time.monotonic() + 10.0
+    while True:
+        listed = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        children = {int(child) for child in listed if not gone(int(child))}
+        if wait_for(children) or time.monotonic() > give_up:
+            return children
+        time.sleep(0.01)
+
+
 @pytest.fixture(params=list(FAMILIES), ids=["text_to_sql", "tool_calling", "instruction_following"])
 def family_pool(request: pytest.FixtureRequest) -> Iterator[tuple[WorkerPool, str]]:
     pool = WorkerPool(request.param, size=1, memory_limit_bytes=MEMORY_LIMIT_BYTES, label="test")
@@ -130,10 +141,14 @@ def test_a_worker_killed_at_its_deadline_is_replaced_by_a_fork_of_the_same_zygot
         with pytest.raises(DeadlineExceeded, match="was killed"):
             pool.call("check_response", request, 0.2)  # one SQLite instruction: only a kill stops it
         assert pool.kills == 1 and wait_until_gone(victim)  # killed by a signal; its exit follows
-        assert pool.worker_pids() == []  # the next call forks the replacement
+        # The replacement's fork was sent with the kill: the zygote forks it before any next call.
+        forked = live_children_of(zygote, wait_for=lambda children: bool(children - {victim}))
+        assert len(forked - {victim}) == 1
         assert "city" in pool.call("table_definitions", {"db_path": database}, 5.0)
         (replacement,) = pool.worker_pids()
-        assert replacement != victim and parent_of(replacement) == zygote and pool.zygote_pid() == zygote
+        assert {replacement} == forked - {victim}  # the next call took that very worker, forked no other
+        assert parent_of(replacement) == zygote and pool.zygote_pid() == zygote
+        assert live_children_of(zygote) - {victim} == {replacement}
     finally:
         pool.close()
 
