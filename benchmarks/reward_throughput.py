@@ -4,6 +4,7 @@ Run from the repository root:
 
     python -m benchmarks.reward_throughput            # every table, a few minutes
     python -m benchmarks.reward_throughput --quick    # small batches: a smoke test, not a measurement
+    python -m benchmarks.reward_throughput --tables gold --families instruction_following --repeats 15
 
 Every batch is scored the way verl 0.9.1's reward loop scores it: one
 ``NaiveRewardManager.run_single`` per sample (verl's ``naive`` reward manager of
@@ -19,9 +20,10 @@ Tables:
    tool calling: BFCL v4 simple_python + multiple gold calls; instruction following: IFEval's prompts
    echoed, since no reference responses ship), *isolated* (each family's worker pool under its
    deadline, the default) against *in-process* (``isolation="inprocess"``: the same wrapper and
-   checks in the calling threads, no deadline), interleaved pass by pass (median of ``--repeats``).
+   checks in the calling threads, no deadline), interleaved pass by pass (medians of ``--repeats``;
+   the ratio's median and quartiles over the repeats, each repeat's two passes run back to back).
 2. *Fairness*: per family a batch of 8 deadline-bound answers placed first, then 56 gold answers.
-   Its wall time (median of 3 runs) is set against the ideal bound
+   Its wall time (median of ``--repeats`` runs) is set against the ideal bound
    ``ceil(8 / W) * deadline + T(56 alone) + D(8)``, where
    W = min(workers, the executor's threads) and D(8) is verl's own work on the 8 slow answers before
    any reward function sees them: decoding their token ids (in the executor, all at once, as the
@@ -54,7 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.machine import Row, machine_description, time_interleaved
+from benchmarks.machine import Row, machine_description
 from reward_fns import dispatch
 from reward_fns.ground_truths import validate_row
 from reward_fns.instruction_following.checkers import UNSUPPORTED, UnsupportedConstraintError
@@ -69,6 +71,7 @@ from reward_fns.tool_calling.render import render_tool_call_blocks
 from reward_fns.total import MAX_RESPONSE_CHARS, GroundTruthError, timeouts_key
 
 FAMILIES = ("text_to_sql", "tool_calling", "instruction_following")
+TABLES = ("gold", "fairness", "caps")
 SLOW_ANSWERS, ORDINARY_ANSWERS = 8, 56
 FAIRNESS_DEADLINE_S = {"text_to_sql": 1.0, "tool_calling": 0.05, "instruction_following": 1.0}
 CAP_UNITS = ("Hi. ", "word ", "word\n\n", "*** ", "{[(", "x" * 1_000 + " ", "<<a>> ", "P.S. a, b.\n")
@@ -186,31 +189,51 @@ def fresh_items(items: Sequence[Any]) -> list[Any]:
     return [item[0:1] for item in items]
 
 
-def gold_rows(loop: asyncio.AbstractEventLoop, limit: int | None, repeats: int) -> list[Row]:
+def gold_rows(loop: asyncio.AbstractEventLoop, limit: int | None, repeats: int, families: Sequence[str]) -> list[Row]:
+    """Per family: rewards/s isolated and in-process (medians), and the ratio's median and quartiles over
+    the repeats (each repeat times the two sides one right after the other, so both see the same load)."""
     isolated, in_process = VerlRewardLoop(loop), VerlRewardLoop(loop, isolation="inprocess")
-    batches = {family: prepared(GOLD[family](limit)) for family in FAMILIES}
+    batches = {family: prepared(GOLD[family](limit)) for family in families}
     passes: dict[str, Callable[[], object]] = {}
     for family, items in batches.items():
         passes[f"{family}|isolated"] = lambda items=items: isolated.score(fresh_items(items))
         passes[f"{family}|inprocess"] = lambda items=items: in_process.score(fresh_items(items))
-    for family in FAMILIES:  # every worker of each pool started and ready, gold caches filled
+    for family in families:  # every worker of each pool started and ready, gold caches filled
         for _ in range(2):
             passes[f"{family}|isolated"]()
-    seconds = time_interleaved(passes, repeats)
+    seconds = time_each_repeat(passes, repeats)
     rows = []
     for family, items in batches.items():
         ours, baseline = seconds[f"{family}|isolated"], seconds[f"{family}|inprocess"]
+        ratios = [b / o for o, b in zip(ours, baseline, strict=True)]
+        spread = ""
+        if len(ratios) > 1:
+            low, _, high = statistics.quantiles(ratios, n=4)
+            spread = f" (quartiles {low:.2f}-{high:.2f} over {len(ratios)})"
         rows.append(
             Row(
                 f"{family} rewards/s",
                 f"gold, {len(items)} answers, verl reward loop",
-                f"{len(items) / ours:,.0f}/s",
-                f"{len(items) / baseline:,.0f}/s",
+                f"{len(items) / statistics.median(ours):,.0f}/s",
+                f"{len(items) / statistics.median(baseline):,.0f}/s",
                 "in-process (no deadline)",
-                f"{baseline / ours:.2f}",
+                f"{statistics.median(ratios):.2f}{spread}",
             )
         )
     return rows
+
+
+def time_each_repeat(functions: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of every call of each function, calling them in turn in every repeat (after one warm-up call each)."""
+    times: dict[str, list[float]] = {name: [] for name in functions}
+    for function in functions.values():
+        function()
+    for _ in range(repeats):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
 def decoding_seconds(loop: asyncio.AbstractEventLoop, items: Sequence[Any]) -> float:
@@ -267,12 +290,14 @@ def fairness_run(reward_loop: VerlRewardLoop, slow: list[Any], ordinary: list[An
     )
 
 
-def fairness_rows(loop: asyncio.AbstractEventLoop, slow_count: int, ordinary_count: int, repeats: int = 3) -> list[Row]:
+def fairness_rows(
+    loop: asyncio.AbstractEventLoop, slow_count: int, ordinary_count: int, families: Sequence[str], repeats: int = 3
+) -> list[Row]:
     """Per family: medians over `repeats` runs of the mixed batch, the gold alone and verl's decoding; the
     counts are the worst run's (fewest slow answers marked as timeouts, most gold scores changed)."""
     workers = DEFAULT_WORKERS  # = asyncio's default executor size, where verl runs compute_score
     rows = []
-    for family in FAMILIES:
+    for family in families:
         deadline = FAIRNESS_DEADLINE_S[family]
         reward_loop = VerlRewardLoop(loop, timeout_s=deadline)
         ordinary = prepared(GOLD[family](ordinary_count))
@@ -363,9 +388,27 @@ def table_lines(rows: list[Row]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small batches: a smoke test, not a measurement")
-    parser.add_argument("--repeats", type=int, default=5, help="timed passes per family and side (median reported)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed passes per family and side, and fairness runs (medians reported)"
+    )
     parser.add_argument("--gold-limit", type=int, default=256, help="gold answers per family in table 1")
+    parser.add_argument(
+        "--families",
+        default=",".join(FAMILIES),
+        help=f"comma-separated families of tables 1-2 (default: all of {FAMILIES})",
+    )
+    parser.add_argument(
+        "--tables", default=",".join(TABLES), help=f"comma-separated tables to run (default: all of {TABLES})"
+    )
     args = parser.parse_args(argv)
+    families = [name for name in args.families.split(",") if name]
+    tables = [name for name in args.tables.split(",") if name]
+    for name, chosen, known in (("family", families, FAMILIES), ("table", tables, TABLES)):
+        unknown = sorted(set(chosen) - set(known))
+        if unknown or not chosen:
+            parser.error(f"unknown {name} {', '.join(unknown) or '(none given)'}; choose from {', '.join(known)}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     quick = args.quick
     limit, repeats = (8, 1) if quick else (args.gold_limit, args.repeats)
     shown_argv = sys.argv[1:] if argv is None else argv
@@ -375,17 +418,20 @@ def main(argv: list[str] | None = None) -> None:
         print(text)
     loop = asyncio.new_event_loop()
     try:
-        print("\nGold throughput, isolated vs in-process:")
-        for text in table_lines(gold_rows(loop, limit, repeats)):
-            print(text, flush=True)
-        print("\nFairness under load (ours: the mixed batch's wall time; baseline: its ideal bound):")
-        slow, ordinary = (2, 6) if quick else (SLOW_ANSWERS, ORDINARY_ANSWERS)
-        for text in table_lines(fairness_rows(loop, slow, ordinary, repeats=1 if quick else 3)):
-            print(text, flush=True)
-        print("\nWorst case per instruction id at the cap (one call at a time, default deadline):")
-        cap_limit, cap_size = (3, 16 * 1024) if quick else (None, MAX_RESPONSE_CHARS)
-        for text in table_lines(cap_rows(cap_limit, cap_size)):
-            print(text, flush=True)
+        if "gold" in tables:
+            print("\nGold throughput, isolated vs in-process (ratio: median and quartiles over the repeats):")
+            for text in table_lines(gold_rows(loop, limit, repeats, families)):
+                print(text, flush=True)
+        if "fairness" in tables:
+            print("\nFairness under load (ours: the mixed batch's wall time; baseline: its ideal bound):")
+            slow, ordinary = (2, 6) if quick else (SLOW_ANSWERS, ORDINARY_ANSWERS)
+            for text in table_lines(fairness_rows(loop, slow, ordinary, families, repeats=repeats)):
+                print(text, flush=True)
+        if "caps" in tables:
+            print("\nWorst case per instruction id at the cap (one call at a time, default deadline):")
+            cap_limit, cap_size = (3, 16 * 1024) if quick else (None, MAX_RESPONSE_CHARS)
+            for text in table_lines(cap_rows(cap_limit, cap_size)):
+                print(text, flush=True)
     finally:
         loop.close()
         close_shared_pool()
