@@ -224,12 +224,17 @@ def gold_rows(loop: asyncio.AbstractEventLoop, limit: int | None, repeats: int, 
 
 
 def time_each_repeat(functions: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Seconds of every call of each function, calling them in turn in every repeat (after one warm-up call each)."""
+    """Seconds of every call of each function, calling them in turn in every repeat (after one warm-up call each).
+
+    Every other repeat calls them in reverse order, so that no function always runs first or right after
+    the same other one.
+    """
     times: dict[str, list[float]] = {name: [] for name in functions}
     for function in functions.values():
         function()
-    for _ in range(repeats):
-        for name, function in functions.items():
+    for repeat in range(repeats):
+        order = list(functions.items())
+        for name, function in order if repeat % 2 == 0 else reversed(order):
             start = time.perf_counter()
             function()
             times[name].append(time.perf_counter() - start)
