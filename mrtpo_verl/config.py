@@ -13,12 +13,24 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ABLATIONS", "DEFAULT_MAX_CACHE_BYTES", "REWEIGHTINGS", "MRTPOConfig", "MRTPOConfigError", "ReplayConfig"]
+__all__ = [
+    "ABLATIONS",
+    "CPU_REPLAY_BUDGETS",
+    "DEFAULT_MAX_CACHE_BYTES",
+    "DEFAULT_REPLAY_MAX_TOKENS_PER_CALL",
+    "DEFAULT_REPLAY_MICRO_BATCH_SIZE",
+    "REWEIGHTINGS",
+    "MRTPOConfig",
+    "MRTPOConfigError",
+    "ReplayConfig",
+]
 
 ABLATIONS = ("none", "uniform", "shuffle")
 REWEIGHTINGS = ("none", "saw")
 PLACEMENTS = ("colocated", "dedicated")
 FAILURE_POLICIES = ("error", "uniform")
+#: How the replay runs its prefix tree: two levels of calls (shared prefixes, then every pass), or one per tree level.
+PREFIX_SCHEDULES = ("two_levels", "tree")
 DEVICES = ("auto", "cpu", "cuda")
 #: Dtype of a dedicated replay worker's model; auto = the actor's compute dtype (its FSDP mixed-precision param_dtype).
 DEDICATED_DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -29,6 +41,15 @@ INCOMPLETE_GROUP_POLICIES = ("normalise", "error")
 #: of Qwen2.5-7B in bf16 (56 KiB a token), 32,768 of Llama-3.1-8B in bf16 (128 KiB), 93,206 of SmolLM2-135M in
 #: fp32 (45 KiB, the CPU runs).
 DEFAULT_MAX_CACHE_BYTES = 4 * 1024**3
+#: Replay forward-pass budgets, sized for a GPU: at most this many rows and padded tokens per call. 32,768 tokens is
+#: twice verl's default ``log_prob_max_token_len_per_gpu`` (16,384): the replay's passes are forward-only and compute
+#: no logits over prompt positions (verl's old-log-prob pass materialises (tokens, vocab) logits). The CPU runs
+#: (:func:`mrtpo_verl.cpu_support.launch.cpu_overrides`) keep ``CPU_REPLAY_BUDGETS``.
+DEFAULT_REPLAY_MICRO_BATCH_SIZE = 256
+DEFAULT_REPLAY_MAX_TOKENS_PER_CALL = 32768
+#: (micro_batch_size, max_tokens_per_micro_batch) of the CPU preset: padded passes need an attention mask, slower on
+#: CPU sdpa, and a 2-core machine gains nothing from larger calls.
+CPU_REPLAY_BUDGETS = (8, 4096)
 
 
 class MRTPOConfigError(ValueError):
@@ -55,8 +76,8 @@ class ReplayConfig:
 
     placement: str = "colocated"
     temperature: float = 1.0
-    micro_batch_size: int = 8
-    max_tokens_per_micro_batch: int = 4096
+    micro_batch_size: int = DEFAULT_REPLAY_MICRO_BATCH_SIZE
+    max_tokens_per_micro_batch: int = DEFAULT_REPLAY_MAX_TOKENS_PER_CALL
     js_chunk_size: int = 256
     max_context_tokens: int | None = None
     verifier_block_tokens: int = 1024
@@ -66,6 +87,7 @@ class ReplayConfig:
     skip_zero_advantage: bool = True
     share_prefix: bool = True
     min_shared_tokens: int = 1
+    prefix_schedule: str = "two_levels"
     max_cache_bytes: int | None = None
     max_cache_tokens: int | None = None
     on_worker_failure: str = "error"
@@ -109,6 +131,8 @@ class ReplayConfig:
         for name in ("skip_zero_advantage", "share_prefix"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(f"replay.{name}", f"got {getattr(self, name)!r}", "true | false")
+        if self.prefix_schedule not in PREFIX_SCHEDULES:
+            raise _fail("replay.prefix_schedule", f"got {self.prefix_schedule!r}", " | ".join(PREFIX_SCHEDULES))
         if self.on_worker_failure not in FAILURE_POLICIES:
             raise _fail("replay.on_worker_failure", f"got {self.on_worker_failure!r}", " | ".join(FAILURE_POLICIES))
         if self.dedicated_device not in DEVICES:

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mrtpo_verl.config import CPU_REPLAY_BUDGETS
 from mrtpo_verl.cpu_support.distributed import SETUP_HOOK
 
 __all__ = [
@@ -146,6 +147,9 @@ def cpu_overrides(
         "actor_rollout_ref.rollout.agent.num_workers=1",
         "actor_rollout_ref.rollout.free_cache_engine=false",
         "actor_rollout_ref.rollout.enforce_eager=true",
+        # replay: the CPU budgets per forward call (the package defaults are sized for a GPU)
+        f"mrtpo.replay.micro_batch_size={CPU_REPLAY_BUDGETS[0]}",
+        f"mrtpo.replay.max_tokens_per_micro_batch={CPU_REPLAY_BUDGETS[1]}",
         # reward loop: one worker
         "reward.num_workers=1",
         # TransferQueue: one storage unit (each is a Ray actor asking for a CPU)

@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from mrtpo_verl.config import MRTPOConfig, ReplayConfig
+from mrtpo_verl.config import CPU_REPLAY_BUDGETS, MRTPOConfig, ReplayConfig
 from mrtpo_verl.credit.html_page import render_page
 from mrtpo_verl.credit.token_credit import token_credit
 from mrtpo_verl.credit.views import views_from_batch, write_views
@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = MRTPOConfig(
         reward_keys=reward_keys,
         verifier_info_keys=tuple(dispatch.info_key(k) for k in reward_keys),
-        replay=ReplayConfig(temperature=args.temperature, micro_batch_size=4),
+        # The demo runs on the CPU: small replay calls (the package defaults are sized for a GPU).
+        replay=ReplayConfig(
+            temperature=args.temperature, micro_batch_size=4, max_tokens_per_micro_batch=CPU_REPLAY_BUDGETS[1]
+        ),
     )
     step = cfg.warmup_steps  # the end of the warm-up: β_s = β
 

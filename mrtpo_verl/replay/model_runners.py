@@ -1,8 +1,9 @@
 """How the replay scorer runs a model: a plain local model, or the actor engine's sharded one.
 
-A runner gives the scorer ``hidden_states(input_ids, attention_mask, position_ids[, past_key_values])`` →
-(n, P, hidden) decoder states, ``logits(hidden)`` → (rows, vocab) for chosen rows only, and
-``prefix_cache(...)`` → :class:`PrefixCache` for prefix sharing. :class:`LocalModelRunner` calls an ordinary
+A runner gives the scorer ``forward_pass(input_ids, attention_mask, position_ids, past_key_values, keep_cache)``
+→ (n, P, hidden) decoder states and, with ``keep_cache``, every layer's keys and values (for prefix sharing; a
+shared prefix's rows are cut out as :class:`PrefixCache`), and ``logits(hidden)`` → (rows, vocab) for chosen rows
+only. :class:`LocalModelRunner` calls an ordinary
 module; :class:`ShardedModelRunner` runs the actor engine's FSDP2 model in place, where every forward pass is a
 collective: it calls only the wrapped root (with the decoder's forward), keeps every rank's pass count equal,
 and meets the other ranks between passes so that a failing rank stops them all (:class:`PeerFailed`).
@@ -91,6 +92,30 @@ class ModelRunner:
         """Run (1, P) tokens after an optional cache of D tokens → the key/value cache of all D + P tokens."""
         raise NotImplementedError
 
+    def forward_pass(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any,
+        keep_cache: bool,
+    ) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...] | None]:
+        """One call: (n, P) ids and positions, (n, D + P) mask, optional cache of D tokens → (n, P, hidden) last
+        hidden states and, with ``keep_cache``, the (keys, values) of every layer, (n, kv_heads, D + P, head_dim)."""
+        if keep_cache:
+            return self._decoder_pass(input_ids, attention_mask, position_ids, past_key_values, True)
+        return self.hidden_states(input_ids, attention_mask, position_ids, past_key_values), None
+
+    def _decoder_pass(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any,
+        use_cache: bool,
+    ) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...] | None]:
+        raise NotImplementedError
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(rows, hidden) → (rows, vocab) LM-head logits, in the model's dtype."""
         raise NotImplementedError
@@ -149,6 +174,24 @@ class LocalModelRunner(ModelRunner):
             use_cache=past_key_values is not None,
         )
         return output.last_hidden_state  # type: ignore[no-any-return]
+
+    def _decoder_pass(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any,
+        use_cache: bool,
+    ) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...] | None]:
+        output = self.decoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
+        layers = full_attention_cache_layers(output.past_key_values) if use_cache else None
+        return output.last_hidden_state, layers
 
     def prefix_cache(
         self,
@@ -231,6 +274,17 @@ class ShardedModelRunner(ModelRunner):
     ) -> PrefixCache:
         _, cache = self._root_forward(input_ids, attention_mask, position_ids, past_key_values, True)
         return PrefixCache.from_cache(cache)
+
+    def _decoder_pass(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any,
+        use_cache: bool,
+    ) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...] | None]:
+        hidden, cache = self._root_forward(input_ids, attention_mask, position_ids, past_key_values, use_cache)
+        return hidden, full_attention_cache_layers(cache) if use_cache else None
 
     def _root_forward(
         self,

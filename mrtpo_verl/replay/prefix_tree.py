@@ -28,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["PassLike", "PrefixNode", "build_prefix_tree", "distinct_prefix_tokens"]
+__all__ = ["PassLike", "PrefixNode", "build_prefix_tree", "distinct_prefix_tokens", "two_level_tree"]
 
 
 class PassLike(Protocol):
@@ -124,3 +124,48 @@ def distinct_prefix_tokens(passes: Sequence[PassLike]) -> int:
         for index, (context, previous) in enumerate(zip(contexts, [(), *contexts[:-1]], strict=True))
     )
     return distinct + sum(len(sequence.response) for sequence in passes)
+
+
+def two_level_tree(tree: PrefixNode) -> PrefixNode:
+    """The tree cut to two levels of model calls: *anchor* prefixes computed from their first token, then every pass.
+
+    The root's children become the anchors, each with ``parent_depth`` 0 and its whole prefix as ``tokens``; every
+    pass runs against the cache of its deepest anchor (or unshared, at the root). The anchors are chosen among the
+    tree's nodes to feed the fewest tokens: an anchor costs its ``depth`` tokens and saves ``depth - d`` on each pass
+    below it that would otherwise continue an anchor of depth ``d`` (found exactly by recursion over the tree, each
+    node with each depth of the anchors above it). Fewer tokens are never fed than by the whole tree, but two levels
+    of calls (as few as the budgets allow in each) replace one level per tree level.
+    """
+    memo: dict[tuple[int, int], tuple[int, bool]] = {}
+
+    def pass_tokens(node: PrefixNode, depth: int) -> int:
+        return sum(len(sequence.context) + len(sequence.response) - depth for sequence in node.remainders)
+
+    def cost(node: PrefixNode, anchor_depth: int) -> int:
+        """Tokens fed for ``node``'s subtree when the nearest anchor above has ``anchor_depth`` tokens."""
+        key = (id(node), anchor_depth)
+        if key not in memo:
+            stay = pass_tokens(node, anchor_depth) + sum(cost(child, anchor_depth) for child in node.children)
+            anchored = node.depth + pass_tokens(node, node.depth) + sum(cost(c, node.depth) for c in node.children)
+            memo[key] = (anchored, True) if anchored < stay else (stay, False)
+        return memo[key][0]
+
+    root = PrefixNode(0, 0, (), list(tree.remainders))
+
+    def collect(node: PrefixNode, anchor: PrefixNode) -> None:
+        cost(node, anchor.depth)
+        if memo[(id(node), anchor.depth)][1]:
+            anchor = PrefixNode(0, node.depth, tuple(_first_pass(node).context[: node.depth]))
+            root.children.append(anchor)
+        anchor.remainders.extend(node.remainders)
+        for child in node.children:
+            collect(child, anchor)
+
+    for child in tree.children:
+        collect(child, root)
+    return root
+
+
+def _first_pass(node: PrefixNode) -> PassLike:
+    """Any pass below ``node`` (every node has at least two)."""
+    return node.remainders[0] if node.remainders else _first_pass(node.children[0])

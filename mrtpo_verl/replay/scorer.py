@@ -18,10 +18,10 @@ from typing import Any, Protocol
 
 import torch
 
-from mrtpo_verl.config import DEFAULT_MAX_CACHE_BYTES, ReplayConfig
+from mrtpo_verl.config import DEFAULT_MAX_CACHE_BYTES, PREFIX_SCHEDULES, ReplayConfig
 from mrtpo_verl.math.relevance import js_distance_one_to_many
 from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner, PrefixCache
-from mrtpo_verl.replay.prefix_tree import PrefixNode, build_prefix_tree
+from mrtpo_verl.replay.prefix_tree import PrefixNode, build_prefix_tree, two_level_tree
 
 __all__ = ["ReplayInputs", "ReplayResult", "ReplayScorer", "ReplayStats", "cache_bytes_per_token"]
 
@@ -104,6 +104,26 @@ class _Pass:
         return len(self.context) + len(self.response)
 
 
+@dataclass(frozen=True)
+class _Row:
+    """One row of a model call: a remainder ``sequence`` of ``node``, or the own tokens of ``node``'s ``child``.
+
+    Either way it runs after the ``node.depth`` tokens of ``node``'s cache (none at the root).
+    """
+
+    node: PrefixNode
+    sequence: _Pass | None
+    child: PrefixNode | None
+
+    @property
+    def tokens(self) -> list[int]:
+        """The new tokens the row feeds."""
+        if self.child is not None:
+            return list(self.child.tokens)
+        assert self.sequence is not None
+        return [*self.sequence.context[self.node.depth :], *self.sequence.response]
+
+
 @dataclass
 class _Progress:
     """Relevance being filled, passes still to run per response, and the hidden states of half-done responses."""
@@ -130,6 +150,9 @@ class ReplayScorer:
         share_prefix: run each shared context prefix once and the rest against its key/value cache
             (:mod:`~mrtpo_verl.replay.prefix_tree`); False replays every context from its first token.
         min_shared_tokens: fewest tokens two or more contexts must share to get their own cached prefix.
+        prefix_schedule: with sharing, "two_levels" (the prefixes :func:`~mrtpo_verl.replay.prefix_tree.two_level_tree`
+            keeps, each from its first token, in one level of calls, then every pass: about two calls) or "tree" (a
+            level of calls per level of the tree: fewest tokens, more calls).
         max_cache_tokens: with sharing, at most this many rows × (cached prefix + longest remainder) per forward
             call: bounds the key/value cache held at once (a row that alone exceeds it runs alone). None: derived
             from ``max_cache_bytes``.
@@ -154,6 +177,7 @@ class ReplayScorer:
         min_shared_tokens: int = ReplayConfig.min_shared_tokens,
         max_cache_tokens: int | None = None,
         max_cache_bytes: int | None = None,
+        prefix_schedule: str = ReplayConfig.prefix_schedule,
     ) -> None:
         sizes = (js_chunk_size, micro_batch_size, max_tokens_per_micro_batch, min_shared_tokens)
         if min(sizes) < 1:
@@ -170,6 +194,8 @@ class ReplayScorer:
             )
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
+        if prefix_schedule not in PREFIX_SCHEDULES:
+            raise ValueError(f"prefix_schedule must be one of {PREFIX_SCHEDULES}, got {prefix_schedule!r}")
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
         self.runner = model if isinstance(model, ModelRunner) else LocalModelRunner(model)
@@ -182,6 +208,7 @@ class ReplayScorer:
         self.padding_side = padding_side
         self.share_prefix = bool(share_prefix)
         self.min_shared_tokens = min_shared_tokens
+        self.prefix_schedule = prefix_schedule
         self.max_cache_tokens = self._cache_token_budget(max_cache_tokens, max_cache_bytes)
 
     @classmethod
@@ -198,6 +225,7 @@ class ReplayScorer:
             replay.min_shared_tokens,
             replay.max_cache_tokens,
             replay.max_cache_bytes,
+            replay.prefix_schedule,
         )
 
     def _cache_token_budget(self, max_cache_tokens: int | None, max_cache_bytes: int | None) -> int:
@@ -233,9 +261,11 @@ class ReplayScorer:
         relevance = torch.zeros(len(items), num_rewards, length, dtype=torch.float32, device=self.device)
         passes, stats = _plan_passes(items, needed.detach().cpu().bool())
         tree = build_prefix_tree(passes, self.min_shared_tokens) if self.share_prefix else PrefixNode(0, 0, (), passes)
-        micro_batches = {id(node): self._node_micro_batches(node) for node in tree.walk()}
-        # One model call per shared prefix and per micro-batch: what a sharded runner's ranks must agree on.
-        calls = len(tree.walk()) - 1 + sum(len(batches) for batches in micro_batches.values())
+        if self.prefix_schedule == "two_levels":
+            tree = two_level_tree(tree)
+        levels = self._plan_levels(tree)
+        # The model calls, all planned here: what a sharded runner's ranks must agree on.
+        calls = sum(len(level) for level in levels)
         # First collective of a sharded runner, before any other (scoring() gathers the LM head): a rank that
         # failed earlier meets the others here and they all stop (see ShardedModelRunner).
         every_rank_runs = self.runner.agree_on_micro_batches(calls)
@@ -246,105 +276,100 @@ class ReplayScorer:
                 remaining: dict[int, int] = {}
                 for sequence in passes:
                     remaining[sequence.item] = remaining.get(sequence.item, 0) + 1
-                self._run_node(tree, None, micro_batches, _Progress(relevance, remaining, {}), stats)
+                progress = _Progress(relevance, remaining, {})
+                caches: dict[int, PrefixCache] = {}  # id(node) → its cache, kept while its level's calls run
+                for level in levels:
+                    made: dict[int, PrefixCache] = {}
+                    for call in level:
+                        self._run_call(call, caches, made, progress, stats)
+                    caches = made
         if relevance.device.type == "cuda":
             torch.cuda.synchronize(relevance.device)
         stats.wall_time_s = time.perf_counter() - start
         return ReplayResult(relevance=relevance, stats=stats)
 
-    def _node_micro_batches(self, node: PrefixNode) -> list[list[_Pass]]:
-        if node.depth == 0:
-            return _micro_batches(node.remainders, self.micro_batch_size, self.max_tokens_per_micro_batch)  # type: ignore[arg-type]
-        return _micro_batches(
-            node.remainders,  # type: ignore[arg-type]
-            self.micro_batch_size,
-            self.max_tokens_per_micro_batch,
-            cached=node.depth,
-            max_cache_tokens=self.max_cache_tokens,
-        )
+    def _plan_levels(self, tree: PrefixNode) -> list[list[list[_Row]]]:
+        """The model calls, level by level of the prefix tree: per level, its calls, each a list of rows.
 
-    def _run_node(
+        Level ``i`` runs, for every node at depth ``i`` of the tree (the root is level 0), its remainders (against
+        the node's cache) and its children's own tokens (against the same cache, keeping the child's cache for level
+        ``i + 1``), all in as few calls as the budgets allow (:func:`_calls`): rows of different nodes share a call,
+        each with its own cached prefix (left-padded to the call's longest).
+        """
+        levels: list[list[list[_Row]]] = []
+        frontier = [tree]
+        while frontier:
+            rows = []
+            for node in frontier:
+                rows += [_Row(node, sequence, None) for sequence in node.remainders]  # type: ignore[arg-type]
+                rows += [_Row(node, None, child) for child in node.children]
+            if rows:
+                levels.append(
+                    _calls(rows, self.micro_batch_size, self.max_tokens_per_micro_batch, self.max_cache_tokens)
+                )
+            frontier = [child for node in frontier for child in node.children]
+        return levels
+
+    def _run_call(
         self,
-        node: PrefixNode,
-        parent_cache: PrefixCache | None,
-        micro_batches: dict[int, list[list[_Pass]]],
+        rows: list[_Row],
+        caches: dict[int, PrefixCache],
+        made: dict[int, PrefixCache],
         progress: _Progress,
         stats: ReplayStats,
-        held: int = 0,
     ) -> None:
-        """Build this node's cache (one call), run its remainders against it, then its children (depth first).
+        """One padded forward call of ``rows``: remainders reduced to relevance when their response is complete,
+        children's caches put in ``made``.
 
-        ``held``: bytes of the ancestors' caches, alive while this subtree runs.
+        Each row ``i`` continues the cache of ``D_i`` tokens of its node (none at the root): the caches are
+        left-padded to the call's longest ``D`` (padding masked out), the new tokens padded on ``padding_side``;
+        position ids count real tokens from ``D_i``, so every row sees exactly the tokens and positions of its own
+        unshared replay.
         """
-        cache = parent_cache
-        if node.depth:
-            cache = self._extend(node, parent_cache, stats)
-            held += cache.nbytes
-        for micro_batch in micro_batches[id(node)]:
-            hidden_per_pass = self._response_hidden_states(micro_batch, node.depth, cache, stats, held)
-            for sequence, hidden in zip(micro_batch, hidden_per_pass, strict=True):
-                progress.pending.setdefault(sequence.item, {})[sequence.reward] = hidden
-                progress.remaining[sequence.item] -= 1
-                if progress.remaining[sequence.item] == 0:
-                    self._relevance_of_response(progress.pending.pop(sequence.item), progress.relevance[sequence.item])
-        for child in node.children:
-            self._run_node(child, cache, micro_batches, progress, stats, held)
-
-    def _extend(self, node: PrefixNode, parent_cache: PrefixCache | None, stats: ReplayStats) -> PrefixCache:
-        """The cache of ``node.depth`` tokens: its own tokens run (one row) after the parent's cache."""
-        input_ids = torch.tensor([node.tokens], dtype=torch.long, device=self.device)
-        attention_mask = torch.ones(1, node.depth, dtype=torch.long, device=self.device)
-        position_ids = torch.arange(node.parent_depth, node.depth, device=self.device)[None]
-        past = parent_cache.repeated(1) if parent_cache is not None else None
-        cache = self.runner.prefix_cache(input_ids, attention_mask, position_ids, past)
-        if cache.length != node.depth:
-            raise RuntimeError(f"prefix cache holds {cache.length} tokens, expected {node.depth}")
-        stats.model_calls += 1
-        stats.replayed_tokens += len(node.tokens)
-        stats.prefix_tokens_shared -= len(node.tokens)
-        return cache
-
-    def _response_hidden_states(
-        self,
-        micro_batch: list[_Pass],
-        cached: int,
-        cache: PrefixCache | None,
-        stats: ReplayStats,
-        held_bytes: int,
-    ) -> list[torch.Tensor]:
-        """One padded forward call; per sequence the (T, hidden) states predicting its response.
-
-        Args:
-            micro_batch: passes whose first ``cached`` context tokens are in ``cache`` (all of them: 0 and None).
-            cached: D, the tokens of the shared prefix; each row runs ``context[D:] + response``.
-        """
-        input_ids, remainder_mask, offsets = _pad(micro_batch, self.padding_side, self.device, cached)
-        # Positions count real tokens only (after the D cached ones), so a left-padded row sees the same positions
-        # as a right-padded one; the attention mask covers the cached prefix too.
-        position_ids = (cached + remainder_mask.cumsum(dim=-1) - 1).clamp(min=0)
-        past = None
+        device = self.device
+        new_tokens = [row.tokens for row in rows]
+        input_ids, remainder_mask, offsets = _pad(new_tokens, self.padding_side, device)
+        cached = [row.node.depth for row in rows]
+        longest_cached = max(cached)
+        position_ids = (torch.tensor(cached, device=device)[:, None] + remainder_mask.cumsum(dim=-1) - 1).clamp(min=0)
         attention_mask = remainder_mask
-        if cache is not None:
-            past = cache.repeated(len(micro_batch))
-            prefix_mask = torch.ones(len(micro_batch), cached, dtype=torch.long, device=self.device)
-            attention_mask = torch.cat([prefix_mask, remainder_mask], dim=1)
-            # Held at the end of the call: the path's prefixes plus the repeated prefix grown by the remainders.
-            grown = cache.nbytes * len(micro_batch) * (cached + remainder_mask.shape[1]) // max(cached, 1)
-            stats.peak_cache_bytes = max(stats.peak_cache_bytes, held_bytes + grown)
-        hidden = self.runner.hidden_states(input_ids, attention_mask, position_ids, past)  # (n, padded, hidden)
+        past = None
+        held = sum(cache.nbytes for cache in caches.values()) + sum(cache.nbytes for cache in made.values())
+        if longest_cached:
+            past, cache_mask, per_token = _batched_cache([caches.get(id(row.node)) for row in rows], longest_cached)
+            attention_mask = torch.cat([cache_mask.to(device), remainder_mask], dim=1)
+            grown = per_token * len(rows) * (longest_cached + remainder_mask.shape[1])
+            stats.peak_cache_bytes = max(stats.peak_cache_bytes, held + grown)
+        keep_cache = any(row.child is not None for row in rows)
+        hidden, layers = self.runner.forward_pass(input_ids, attention_mask, position_ids, past, keep_cache)
         del past
-        real = sum(sequence.length - cached for sequence in micro_batch)
+        real = sum(len(tokens) for tokens in new_tokens)
         stats.model_calls += 1
-        stats.forward_passes += len(micro_batch)
         stats.replayed_tokens += real
-        stats.prefix_tokens_shared += cached * len(micro_batch)
         stats.padded_tokens += int(remainder_mask.numel()) - real
-        # Hidden state at position i predicts token i + 1: response token t is predicted at c - D - 1 + t of the
-        # remainder. Cloned so that a response still waiting for passes holds (T, hidden), not the whole batch.
-        return [
-            hidden[row, offset + len(sequence.context) - cached - 1 : offset + sequence.length - cached - 1].clone()
-            for row, (sequence, offset) in enumerate(zip(micro_batch, offsets, strict=True))
-        ]
+        for index, (row, offset) in enumerate(zip(rows, offsets, strict=True)):
+            depth = row.node.depth
+            if row.child is not None:
+                assert layers is not None
+                # The child's cache: the row's cached tokens and its own new ones, without any padding.
+                start = longest_cached + offset
+                kept = [*range(longest_cached - depth, longest_cached), *range(start, start + len(row.tokens))]
+                made[id(row.child)] = _row_cache(layers, index, kept)
+                stats.prefix_tokens_shared -= len(row.tokens)
+                continue
+            sequence = row.sequence
+            assert sequence is not None
+            stats.forward_passes += 1
+            stats.prefix_tokens_shared += depth
+            # Hidden state at position i predicts token i + 1: response token t is predicted at c - D - 1 + t of
+            # the remainder. Cloned so that a response still waiting for passes holds (T, hidden), not the batch.
+            first = offset + len(sequence.context) - depth - 1
+            state = hidden[index, first : first + len(sequence.response)].clone()
+            progress.pending.setdefault(sequence.item, {})[sequence.reward] = state
+            progress.remaining[sequence.item] -= 1
+            if progress.remaining[sequence.item] == 0:
+                self._relevance_of_response(progress.pending.pop(sequence.item), progress.relevance[sequence.item])
+        del layers, hidden
 
     def _relevance_of_response(self, hidden: dict[int | None, torch.Tensor], relevance_row: torch.Tensor) -> None:
         """Fill ``relevance_row`` (K, L) from the full context's and each leave-one-out's (T, hidden) states."""
@@ -458,48 +483,82 @@ def _plan_passes(items: Sequence[ReplayInputs], needed: torch.Tensor) -> tuple[l
     return passes, stats
 
 
-def _micro_batches(
-    passes: list[_Pass], max_sequences: int, max_tokens: int, cached: int = 0, max_cache_tokens: int = 0
-) -> list[list[_Pass]]:
-    """Consecutive passes grouped while ≤ ``max_sequences`` and ``len × longest ≤ max_tokens`` (or alone).
-
-    With a cached prefix of ``cached`` tokens, lengths are the remainders' (``length - cached``) and also
-    ``len × (cached + longest) ≤ max_cache_tokens``: the key/value cache rows the call holds.
+def _calls(rows: list[_Row], max_rows: int, max_tokens: int, max_cache_tokens: int) -> list[list[_Row]]:
+    """Consecutive rows grouped into calls while ``≤ max_rows`` rows, ``rows × longest new ≤ max_tokens`` and, when a
+    row continues a cache, ``rows × (longest cached + longest new) ≤ max_cache_tokens`` (a row alone always runs).
     """
-    groups: list[list[_Pass]] = []
-    current: list[_Pass] = []
-    longest = 0
-    for sequence in passes:
-        grown = max(longest, sequence.length - cached)
-        over_cache = cached and (len(current) + 1) * (cached + grown) > max_cache_tokens
-        if current and (len(current) == max_sequences or (len(current) + 1) * grown > max_tokens or over_cache):
-            groups.append(current)
-            current, grown = [], sequence.length - cached
-        current.append(sequence)
-        longest = grown
+    calls: list[list[_Row]] = []
+    current: list[_Row] = []
+    longest = cached = 0
+    for row in rows:
+        grown, grown_cached = max(longest, len(row.tokens)), max(cached, row.node.depth)
+        count = len(current) + 1
+        over = (
+            count > max_rows
+            or count * grown > max_tokens
+            or (grown_cached and count * (grown_cached + grown) > max_cache_tokens)
+        )
+        if current and over:
+            calls.append(current)
+            current, grown, grown_cached = [], len(row.tokens), row.node.depth
+        current.append(row)
+        longest, cached = grown, grown_cached
     if current:
-        groups.append(current)
-    return groups
+        calls.append(current)
+    return calls
+
+
+def _batched_cache(caches: list[PrefixCache | None], length: int) -> tuple[Any, torch.Tensor, int]:
+    """One ``DynamicCache`` of ``len(caches)`` rows, each row's cache left-padded with zeros to ``length`` tokens.
+
+    Returns:
+        The cache, its (rows, length) long mask (0 on padding) on the CPU, and the bytes of one row's cached token.
+    """
+    from mrtpo_verl.compat.transformers import cache_from_layers
+
+    present = next(cache for cache in caches if cache is not None)
+    mask = torch.zeros(len(caches), length, dtype=torch.long)
+    layers = []
+    for layer, (keys, values) in enumerate(present.layers):
+        batched_keys = keys.new_zeros(len(caches), keys.shape[1], length, keys.shape[3])
+        batched_values = values.new_zeros(len(caches), values.shape[1], length, values.shape[3])
+        for row, cache in enumerate(caches):
+            if cache is None:
+                continue
+            depth = cache.length
+            batched_keys[row, :, length - depth :] = cache.layers[layer][0][0]
+            batched_values[row, :, length - depth :] = cache.layers[layer][1][0]
+            mask[row, length - depth :] = 1
+        layers.append((batched_keys, batched_values))
+    return cache_from_layers(tuple(layers), len(caches)), mask, present.nbytes // present.length
+
+
+def _row_cache(layers: tuple[tuple[torch.Tensor, torch.Tensor], ...], row: int, positions: list[int]) -> PrefixCache:
+    """The one-row cache of ``row`` of a call's ``layers`` at the cache ``positions`` (copied, so the call's frees)."""
+    index = torch.tensor(positions, device=layers[0][0].device)
+    return PrefixCache(
+        tuple(
+            (keys[row : row + 1].index_select(2, index), values[row : row + 1].index_select(2, index))
+            for keys, values in layers
+        )
+    )
 
 
 def _pad(
-    micro_batch: list[_Pass], padding_side: str, device: torch.device, cached: int = 0
+    rows: list[list[int]], padding_side: str, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Pad the sequences' remainders ``context[cached:] + response`` into one batch.
+    """Pad token lists into one batch.
 
     Returns:
-        input_ids (n, P) long, attention_mask (n, P) long over the remainders, and per sequence the index of its
-        first real token.
+        input_ids (n, P) long, attention_mask (n, P) long, and per row the index of its first real token.
     """
-    padded_length = max(sequence.length - cached for sequence in micro_batch)
-    input_ids = torch.zeros(len(micro_batch), padded_length, dtype=torch.long)  # pad id is irrelevant: masked out
-    attention_mask = torch.zeros(len(micro_batch), padded_length, dtype=torch.long)
+    padded_length = max(len(tokens) for tokens in rows)
+    input_ids = torch.zeros(len(rows), padded_length, dtype=torch.long)  # pad id is irrelevant: masked out
+    attention_mask = torch.zeros(len(rows), padded_length, dtype=torch.long)
     offsets = []
-    for row, sequence in enumerate(micro_batch):
-        length = sequence.length - cached
-        offset = padded_length - length if padding_side == "left" else 0
-        real = slice(offset, offset + length)
-        input_ids[row, real] = torch.tensor([*sequence.context[cached:], *sequence.response], dtype=torch.long)
-        attention_mask[row, real] = 1
+    for row, tokens in enumerate(rows):
+        offset = padded_length - len(tokens) if padding_side == "left" else 0
+        input_ids[row, offset : offset + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        attention_mask[row, offset : offset + len(tokens)] = 1
         offsets.append(offset)
     return input_ids.to(device), attention_mask.to(device), offsets

@@ -21,7 +21,7 @@ from transformers.cache_utils import DynamicCache
 from mrtpo_verl.demo.tasks import TASKS, load_prompts
 from mrtpo_verl.replay.contexts import ReplayContextBuilder, ReplayContexts, verifier_order
 from mrtpo_verl.replay.model_runners import PrefixCache
-from mrtpo_verl.replay.prefix_tree import build_prefix_tree, distinct_prefix_tokens
+from mrtpo_verl.replay.prefix_tree import build_prefix_tree, distinct_prefix_tokens, two_level_tree
 from mrtpo_verl.replay.scorer import ReplayResult, ReplayScorer, _Pass
 from reward_fns import dispatch
 
@@ -104,10 +104,11 @@ def test_family_batches_are_real_groups(families: dict[str, tuple[list[ReplayCon
 @pytest.mark.parametrize(
     ("padding_side", "micro_batch_size", "max_tokens", "max_cache_tokens", "min_shared", "skip"),
     [
-        ("right", 8, 4096, 65536, 16, False),  # default budgets, shallower tree, every pair needed (skipping off)
+        ("right", 256, 32768, 65536, 16, False),  # default budgets, shallower tree, every pair needed (skipping off)
         ("left", 2, 96, 700, 1, True),  # tight micro-batch and cache budgets, deepest tree, some pairs skipped
     ],
 )
+@pytest.mark.parametrize("schedule", ["two_levels", "tree"])
 def test_shared_replay_equals_unshared(
     model: Any,
     families: dict[str, tuple[list[ReplayContexts], ReplayResult]],
@@ -118,6 +119,7 @@ def test_shared_replay_equals_unshared(
     max_cache_tokens: int,
     min_shared: int,
     skip: bool,
+    schedule: str,
 ) -> None:
     items, reference = families[task]
     needed = torch.ones(len(items), len(items[0].leave_one_out_ids), dtype=torch.bool)
@@ -132,12 +134,13 @@ def test_shared_replay_equals_unshared(
         share_prefix=True,
         min_shared_tokens=min_shared,
         max_cache_tokens=max_cache_tokens,
+        prefix_schedule=schedule,
     )
     with recorded_decoder_calls(scorer.runner.decoder) as calls:
         result = scorer.score(items, needed)
 
     error = (result.relevance - reference.relevance)[needed].abs().max().item()
-    print(f"{task} {padding_side}: max |q_shared - q_unshared| = {error:.1e}; stats {result.stats}")
+    print(f"{task} {padding_side} {schedule}: max |q_shared - q_unshared| = {error:.1e}; stats {result.stats}")
     assert error < 1e-5
     assert (result.relevance[~needed] == 0).all()
     stats = result.stats
@@ -235,3 +238,49 @@ def test_prefix_tree_runs_every_pass_once_on_its_own_tokens(contexts: list[list[
     assert bound <= tokens_run <= sum(p.length for p in passes)
     if min_shared == 1:  # the tree reaches the bound, up to the last token of duplicated contexts
         assert tokens_run <= bound + len(passes)
+
+
+def tokens_fed(tree: Any) -> int:
+    """Tokens a tree's calls feed: every node's own tokens and every remainder after its node's prefix."""
+    return sum(len(node.tokens) + sum(p.length - node.depth for p in node.remainders) for node in tree.walk())
+
+
+def fed_below(node: Any, depth: int, anchors: set[int]) -> int:
+    """Tokens the passes below ``node`` feed after their deepest anchor (``depth``: the one above ``node``)."""
+    depth = node.depth if id(node) in anchors else depth
+    return sum(p.length - depth for p in node.remainders) + sum(fed_below(c, depth, anchors) for c in node.children)
+
+
+def brute_force_two_level_tokens(tree: Any) -> int:
+    """Fewest tokens over every choice of anchors among the tree's nodes (each pass after its deepest anchor)."""
+    nodes = tree.walk()[1:]
+    best = None
+    for mask in range(2 ** len(nodes)):
+        anchors = {id(node) for bit, node in enumerate(nodes) if mask >> bit & 1}
+        total = sum(node.depth for node in nodes if id(node) in anchors)
+
+        total += sum(p.length for p in tree.remainders) + sum(fed_below(child, 0, anchors) for child in tree.children)
+        best = total if best is None else min(best, total)
+    return best if best is not None else 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(contexts=st.lists(sequences, min_size=1, max_size=10), min_shared=st.integers(1, 3))
+def test_two_level_tree_feeds_the_fewest_tokens_of_any_anchor_choice(
+    contexts: list[list[int]], min_shared: int
+) -> None:
+    passes = [_Pass(i, None, context, [9, 9]) for i, context in enumerate(contexts)]
+    tree = build_prefix_tree(passes, min_shared)
+    if len(tree.walk()) > 13:  # the brute force tries 2^nodes anchor sets
+        return
+    two = two_level_tree(tree)
+    assert all(child.parent_depth == 0 and not child.children for child in two.children)  # two levels of calls
+    assert sorted(p.item for node in two.walk() for p in node.remainders) == list(range(len(passes)))
+    for anchor in two.children:  # every pass continues a prefix of its own context, with a token left
+        assert anchor.remainders and len(anchor.tokens) == anchor.depth
+        assert all(
+            tuple(p.context[: anchor.depth]) == anchor.tokens and len(p.context) > anchor.depth
+            for p in anchor.remainders
+        )
+    assert tokens_fed(two) == brute_force_two_level_tokens(tree)
+    assert tokens_fed(tree) <= tokens_fed(two) <= sum(p.length for p in passes)

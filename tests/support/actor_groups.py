@@ -62,8 +62,9 @@ class FaultyActorWorker(MRTPOActorRolloutRefWorker):
     """Test-only: the actor worker with a hook that breaks one rank's replay (no such hook in the package).
 
     :meth:`poison_replay_pass` makes forward pass number ``at_pass`` (1-based, this request) of rank ``rank``
-    return NaN hidden states, once; the scorer's NaN check on the LM-head logits then raises on that rank
-    after the ranks agreed on their number of passes, with the other rank about to enter its next pass.
+    return NaN hidden states (and NaN keys in the prefix caches it makes), once; the scorer's NaN check on the
+    LM-head logits then raises on that rank after the ranks agreed on their number of passes, with the other rank
+    about to enter its next pass.
     """
 
     _poison: tuple[int, int] | None = None
@@ -90,17 +91,19 @@ class FaultyActorWorker(MRTPOActorRolloutRefWorker):
         if self._poison is not None and self._poison[0] == self.rank:
             runner, at_pass, passes = scorer.runner, self._poison[1], [0]
             self._poison = None
-            clean = type(runner).hidden_states.__get__(runner)
+            clean = type(runner).forward_pass.__get__(runner)
 
-            def poisoned(*args: Any, **kwargs: Any) -> torch.Tensor:
-                hidden = clean(*args, **kwargs)
+            def poisoned(*args: Any, **kwargs: Any) -> Any:
+                hidden, layers = clean(*args, **kwargs)
                 passes[0] += 1
                 if passes[0] == at_pass:
-                    runner.hidden_states = clean  # once
-                    return torch.full_like(hidden, float("nan"))
-                return hidden
+                    runner.forward_pass = clean  # once
+                    # NaN hidden states, and NaN keys in the caches this pass makes (for the later passes).
+                    nan_layers = None if layers is None else tuple((k * float("nan"), v) for k, v in layers)
+                    return torch.full_like(hidden, float("nan")), nan_layers
+                return hidden, layers
 
-            runner.hidden_states = poisoned
+            runner.forward_pass = poisoned
         return builder, scorer, info_keys
 
 
