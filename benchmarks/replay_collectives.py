@@ -120,16 +120,26 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def family_data(model: Any, tokenizer: Any, task: str, prompts: int, samples: int, max_new_tokens: int) -> Any:
-    """``prompts`` demo prompts × ``samples`` SmolLM2 responses in verl's layout (uid per prompt), seed 0."""
+    """``prompts`` demo prompts × ``samples`` responses in verl's layout (uid per prompt), seed 0.
+
+    A prompt whose ground truth the family's verifier cannot use (``GroundTruthError``) is passed over.
+    """
     from mrtpo_verl.demo.batch import pack_batch, sample_group
     from mrtpo_verl.demo.tasks import load_prompts
     from reward_fns import dispatch
+    from reward_fns.total import GroundTruthError
 
     torch.manual_seed(0)
-    loaded = load_prompts(task, prompts)
-    responses = []
-    for index, prompt in enumerate(loaded):
-        responses += sample_group(model, tokenizer, prompt, index, samples, max_new_tokens, 0.8, False, [task])
+    loaded, responses = [], []
+    for prompt in load_prompts(task, 4 * prompts):
+        try:
+            group = sample_group(model, tokenizer, prompt, len(loaded), samples, max_new_tokens, 0.8, False, [task])
+        except GroundTruthError:
+            continue
+        loaded.append(prompt)
+        responses += group
+        if len(loaded) == prompts:
+            break
     return pack_batch(responses, loaded, dispatch.reward_keys([task]), tokenizer.pad_token_id)
 
 
