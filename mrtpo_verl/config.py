@@ -34,6 +34,9 @@ PREFIX_SCHEDULES = ("two_levels", "tree")
 DEVICES = ("auto", "cpu", "cuda")
 #: Dtype of a dedicated replay worker's model; auto = the actor's compute dtype (its FSDP mixed-precision param_dtype).
 DEDICATED_DTYPES = ("auto", "fp32", "bf16", "fp16")
+#: What the replay computes in: fp32 whatever the weights' dtype (bf16 weights upcast at each use), or the
+#: model's own compute dtype (the engine's autocast / the dedicated model's dtype).
+COMPUTE_DTYPES = ("fp32", "model")
 #: What the advantage step does with a prompt group that lacks some of its ``rollout.n`` responses.
 INCOMPLETE_GROUP_POLICIES = ("normalise", "error")
 #: Key/value-cache bytes one prefix-sharing forward call may hold when neither ``replay.max_cache_bytes`` nor
@@ -95,6 +98,7 @@ class ReplayConfig:
     dedicated_device: str = "auto"
     dedicated_cpus_per_worker: int = 1
     dedicated_dtype: str = "auto"
+    compute_dtype: str = "fp32"
 
     def validate(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -139,6 +143,8 @@ class ReplayConfig:
             raise _fail("replay.dedicated_device", f"got {self.dedicated_device!r}", " | ".join(DEVICES))
         if self.dedicated_dtype not in DEDICATED_DTYPES:
             raise _fail("replay.dedicated_dtype", f"got {self.dedicated_dtype!r}", " | ".join(DEDICATED_DTYPES))
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise _fail("replay.compute_dtype", f"got {self.compute_dtype!r}", " | ".join(COMPUTE_DTYPES))
 
     def _validate_cache_budget(self) -> None:
         """``max_cache_bytes`` and ``max_cache_tokens``: each null or an integer ≥ 1, and not both set."""

@@ -83,7 +83,16 @@ def test_every_seam_function_is_covered() -> None:
 def test_no_private_detail_outside_the_seam() -> None:
     """No module of mrtpo_verl outside compat reads another object's private attribute or imports a private name,
     TransferQueue or transformers' cache classes."""
-    allowed_dunders = {"__name__", "__dict__", "__class__", "__cause__", "__file__", "__doc__", "__module__"}
+    allowed_dunders = {
+        "__name__",
+        "__dict__",
+        "__class__",
+        "__cause__",
+        "__file__",
+        "__doc__",
+        "__module__",
+        "__matmul__",
+    }
     found = []
     for path in sorted((REPO / "mrtpo_verl").rglob("*.py")):
         if "compat" in path.parts:
@@ -475,6 +484,48 @@ def test_fsdp2_module_methods() -> None:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     assert "_fsdp_wrapped_module" in inspect.getsource(importlib.import_module(FullyShardedDataParallel.__module__))
+
+
+#: Run in its own process: it starts a one-rank gloo process group, which must not outlive the test.
+FSDP_INPUT_CAST_PROBE = """
+import os, tempfile
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from mrtpo_verl.compat.torch_fsdp import forward_inputs_uncast
+
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+fully_shard(model[1], mp_policy=policy)
+fully_shard(model, mp_policy=policy)
+seen = []
+model[1].register_forward_pre_hook(lambda module, args: seen.append(str(args[0].dtype)))
+x = torch.randn(2, 4)
+with torch.no_grad():
+    model[1](x)
+    with forward_inputs_uncast(model):
+        try:
+            model[1](x)
+        except RuntimeError:
+            seen.append("float32 input reached the bf16 layer")
+    model[1](x)
+dist.destroy_process_group()
+print(seen)
+"""
+
+
+@covers("torch_fsdp.forward_inputs_uncast")
+def test_fsdp2_input_cast_is_turned_off_and_restored() -> None:
+    """FSDP2 casts a sharded module's inputs to ``param_dtype`` before its own pre-forward hooks run; inside the
+    context it does not (the bf16 layer then refuses the float32 input: no cast happened), and after it does again."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FSDP_INPUT_CAST_PROBE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = done.stdout.strip().splitlines()[-1]
+    assert seen == str(["torch.bfloat16", "torch.float32", "float32 input reached the bf16 layer", "torch.bfloat16"])
 
 
 @covers("omegaconf.written_value", "omegaconf.WrittenValue")

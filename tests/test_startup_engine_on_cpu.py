@@ -83,7 +83,7 @@ def test_the_gpu_checks_engine_options_compose_on_verls_config(tmp_path) -> None
     from benchmarks.gpu_engine_options import OPTIONS
     from mrtpo_verl.cpu_support.launch import compose_actor_config
 
-    for options, _tolerance in OPTIONS.values():
+    for options, *_ in OPTIONS.values():
         config = compose_actor_config(tmp_path / "model", 1, options)
         for option in options:
             field, value = option.lstrip("+").split("=", 1)

@@ -1,12 +1,22 @@
-"""FSDP details: a module's wrapped module, and keeping an FSDP2 module's parameters gathered."""
+"""FSDP details: a module's wrapped module, keeping an FSDP2 module's parameters gathered, its input casts."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from torch import nn
 
-__all__ = ["first_fsdp2_module", "is_fsdp2", "keep_unsharded", "reshard", "wrapped_module"]
+__all__ = [
+    "first_fsdp2_module",
+    "forward_inputs_uncast",
+    "is_fsdp2",
+    "keep_unsharded",
+    "reshard",
+    "wrapped_module",
+]
 
 
 def wrapped_module(module: nn.Module) -> nn.Module:
@@ -48,3 +58,22 @@ def reshard(owner: Any, reshard_after_forward: bool) -> None:
     """
     owner.set_reshard_after_forward(reshard_after_forward, recurse=False)
     owner.reshard()
+
+
+@contextmanager
+def forward_inputs_uncast(root: nn.Module) -> Iterator[None]:
+    """Within the block, no FSDP2 module under ``root`` casts its forward inputs to its mixed-precision
+    ``param_dtype`` (hidden states entering each sharded layer stay float32); parameters are gathered as before.
+
+    Relies on: ``FSDPModule._get_fsdp_state()`` and the state's ``_mp_policy`` (a frozen ``MixedPrecisionPolicy``
+    whose ``cast_forward_inputs`` the pre-forward hook reads at each call), torch 2.6–2.13.
+    """
+    states = [module._get_fsdp_state() for module in root.modules() if is_fsdp2(module)]
+    saved = [(state, state._mp_policy) for state in states]
+    try:
+        for state, policy in saved:
+            state._mp_policy = dataclasses.replace(policy, cast_forward_inputs=False)
+        yield
+    finally:
+        for state, policy in saved:
+            state._mp_policy = policy

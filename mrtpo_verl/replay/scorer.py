@@ -12,14 +12,17 @@ cache budget and the models accepted: ``docs/replay.md`` ("Scorer").
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from mrtpo_verl.config import DEFAULT_MAX_CACHE_BYTES, PREFIX_SCHEDULES, ReplayConfig
+from mrtpo_verl.compat.torch_fsdp import forward_inputs_uncast
+from mrtpo_verl.config import COMPUTE_DTYPES, DEFAULT_MAX_CACHE_BYTES, PREFIX_SCHEDULES, ReplayConfig
 from mrtpo_verl.math.relevance import js_distance_one_to_many
+from mrtpo_verl.replay.float32_compute import float32_compute
 from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner, PrefixCache
 from mrtpo_verl.replay.prefix_tree import PrefixNode, build_prefix_tree, two_level_tree
 
@@ -160,6 +163,9 @@ class ReplayScorer:
             (None: ``DEFAULT_MAX_CACHE_BYTES``); the token budget is ``max_cache_bytes //``
             :func:`cache_bytes_per_token` of the model (its config, and the dtype its keys and values are computed
             in). Only one of the two may be given.
+        compute_dtype: ``"fp32"``: every forward pass and the LM head compute in float32 whatever the weights'
+            dtype (:mod:`~mrtpo_verl.replay.float32_compute`; bf16 weights are upcast at each use, an outer
+            autocast is turned off); ``"model"``: in the model's own dtype / the runner's autocast dtype.
 
     Attributes:
         max_cache_tokens: the token budget in force (0 without sharing: no cache is held).
@@ -178,6 +184,7 @@ class ReplayScorer:
         max_cache_tokens: int | None = None,
         max_cache_bytes: int | None = None,
         prefix_schedule: str = ReplayConfig.prefix_schedule,
+        compute_dtype: str = "fp32",
     ) -> None:
         sizes = (js_chunk_size, micro_batch_size, max_tokens_per_micro_batch, min_shared_tokens)
         if min(sizes) < 1:
@@ -196,6 +203,8 @@ class ReplayScorer:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if prefix_schedule not in PREFIX_SCHEDULES:
             raise ValueError(f"prefix_schedule must be one of {PREFIX_SCHEDULES}, got {prefix_schedule!r}")
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}")
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
         self.runner = model if isinstance(model, ModelRunner) else LocalModelRunner(model)
@@ -209,6 +218,7 @@ class ReplayScorer:
         self.share_prefix = bool(share_prefix)
         self.min_shared_tokens = min_shared_tokens
         self.prefix_schedule = prefix_schedule
+        self.compute_dtype = compute_dtype
         self.max_cache_tokens = self._cache_token_budget(max_cache_tokens, max_cache_bytes)
 
     @classmethod
@@ -226,6 +236,7 @@ class ReplayScorer:
             replay.max_cache_tokens,
             replay.max_cache_bytes,
             replay.prefix_schedule,
+            replay.compute_dtype,
         )
 
     def _cache_token_budget(self, max_cache_tokens: int | None, max_cache_bytes: int | None) -> int:
@@ -234,7 +245,8 @@ class ReplayScorer:
             return max_cache_tokens
         if not self.share_prefix:
             return 0  # no prefix cache is ever held
-        per_token = cache_bytes_per_token(getattr(self.model, "config", None), _cache_dtype(self.runner))
+        cache_dtype = torch.float32 if self.compute_dtype == "fp32" else _cache_dtype(self.runner)
+        per_token = cache_bytes_per_token(getattr(self.model, "config", None), cache_dtype)
         return max(1, (DEFAULT_MAX_CACHE_BYTES if max_cache_bytes is None else max_cache_bytes) // per_token)
 
     @property
@@ -270,7 +282,7 @@ class ReplayScorer:
         # failed earlier meets the others here and they all stop (see ShardedModelRunner).
         every_rank_runs = self.runner.agree_on_micro_batches(calls)
         if every_rank_runs:
-            with self.runner.scoring():
+            with self.runner.scoring(), self._computing():
                 for _ in range(every_rank_runs - calls):
                     self.runner.idle_forward()
                 remaining: dict[int, int] = {}
@@ -287,6 +299,21 @@ class ReplayScorer:
             torch.cuda.synchronize(relevance.device)
         stats.wall_time_s = time.perf_counter() - start
         return ReplayResult(relevance=relevance, stats=stats)
+
+    @contextmanager
+    def _computing(self) -> Iterator[None]:
+        """Float32 compute for ``compute_dtype="fp32"`` (entered inside the runner's scoring, so after its
+        autocast and with the LM head's weight as scoring gathered it), else nothing."""
+        if self.compute_dtype != "fp32":
+            yield
+            return
+        head = getattr(self.runner, "lm_head", None)
+        # FSDP2 with mixed precision casts each sharded layer's inputs (the residual stream) to bf16: not here.
+        with (
+            forward_inputs_uncast(self.model),
+            float32_compute(self.device.type, keep_upcast=getattr(head, "weight", None)),
+        ):
+            yield
 
     def _plan_levels(self, tree: PrefixNode) -> list[list[list[_Row]]]:
         """The model calls, level by level of the prefix tree: per level, its calls, each a list of rows.

@@ -21,6 +21,7 @@ import torch
 
 from mrtpo_verl.config import DEFAULT_MAX_CACHE_BYTES, ReplayConfig
 from mrtpo_verl.replay.contexts import ReplayContexts
+from mrtpo_verl.replay.float32_compute import float32_compute
 from mrtpo_verl.replay.model_runners import LocalModelRunner
 from mrtpo_verl.replay.scorer import ReplayResult, ReplayScorer, cache_bytes_per_token
 
@@ -302,9 +303,16 @@ def test_cache_bytes_per_token_is_what_a_real_cache_holds(model: Any, dtype: tor
     typed = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
     per_token = cache_bytes_per_token(typed.config, dtype)
     assert per_token == measured_cache_bytes_per_token(typed)
-    scorer = ReplayScorer(typed)  # the default byte budget, turned into tokens for this model and dtype
+    # computed in the model's dtype: the default byte budget, turned into tokens for this model and dtype
+    scorer = ReplayScorer(typed, compute_dtype="model")
     assert scorer.max_cache_tokens == DEFAULT_MAX_CACHE_BYTES // per_token
-    assert ReplayScorer(typed, max_cache_bytes=10 * per_token + 1).max_cache_tokens == 10
+    assert ReplayScorer(typed, max_cache_bytes=10 * per_token + 1, compute_dtype="model").max_cache_tokens == 10
+    # computed in float32 (the default), whatever the weights: float32 keys and values
+    with float32_compute("cpu"):
+        assert measured_cache_bytes_per_token(typed) == cache_bytes_per_token(typed.config, torch.float32)
+    assert ReplayScorer(typed).max_cache_tokens == DEFAULT_MAX_CACHE_BYTES // cache_bytes_per_token(
+        typed.config, torch.float32
+    )
 
 
 def test_cache_budget_given_in_tokens_or_bytes_not_both(model: Any) -> None:

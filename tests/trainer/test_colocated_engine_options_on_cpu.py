@@ -7,7 +7,8 @@ answers to Spider questions, every reward pair needed) is compared with the in-p
 - fused kernels (verl's fused log-prob forward installed on the model, checked), remove-padding, gradient
   checkpointing, parameter and optimizer offload and torch.compile, together: the plain relevance to 1e-5;
 - LoRA (a random non-zero adapter loaded by verl): the relevance of the merged model, not of the base;
-- bf16 mixed precision: the fp32 relevance up to bf16's own rounding.
+- bf16 mixed precision: computed in float32 (the default), the relevance of the bf16 weights, within 0.01 of
+  the fp32 relevance; computed in bf16, the fp32 relevance up to bf16's own rounding.
 
 Its own module (and Ray cluster) so that at most one two-rank group is alive at a time. What needs a GPU is in
 ``benchmarks.gpu_check`` (stage "engine options").
@@ -15,6 +16,7 @@ Its own module (and Ray cluster) so that at most one two-rank group is alive at 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from mrtpo_verl.batch_keys import RELEVANCE_KEY
 from mrtpo_verl.cpu_support.launch import save_derived_model
 from mrtpo_verl.trainer.replay_stage import build_request
 from mrtpo_verl.workers.placement import InProcessBackend
-from tests.support.actor_groups import RANKS, UNSHARED, cpu_ray_cluster, relevance_of, started_actor_group
+from tests.support.actor_groups import CFG, RANKS, UNSHARED, cpu_ray_cluster, relevance_of, started_actor_group
 from tests.support.real_batch import REWARD_KEYS, real_sql_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -37,9 +39,10 @@ def ray_cluster():
         yield
 
 
-def in_process_relevance(model: Any, tokenizer: Any, data: Any) -> torch.Tensor:
+def in_process_relevance(model: Any, tokenizer: Any, data: Any, compute_dtype: str = "fp32") -> torch.Tensor:
     needed = torch.ones(len(data), len(REWARD_KEYS), dtype=torch.bool)
-    backend = InProcessBackend(UNSHARED, model, tokenizer)
+    cfg = dataclasses.replace(UNSHARED, replay=dataclasses.replace(UNSHARED.replay, compute_dtype=compute_dtype))
+    backend = InProcessBackend(cfg, model, tokenizer)
     return backend.compute_relevance(build_request(data, UNSHARED, needed)).batch[RELEVANCE_KEY]
 
 
@@ -112,22 +115,36 @@ def test_lora_replays_with_the_adapted_weights(ray_cluster, tied_model) -> None:
     torch.testing.assert_close(relevance, expected, atol=1e-5, rtol=0)
 
 
-def test_bf16_mixed_precision_gives_the_fp32_relevance_up_to_bf16_rounding(ray_cluster, tied_model) -> None:
-    """bf16 moves q by its own rounding (a JS *distance* grows like the logits' error, ~0.03 here, about twice the
-    batch's mean q); the colocated bf16 replay must stay within twice what bf16 does to the in-process scorer."""
+def test_bf16_mixed_precision_replays_in_float32(ray_cluster, tied_model) -> None:
+    """bf16 weights and verl's bf16 autocast.
+
+    With ``compute_dtype=fp32`` (the default) the replay computes in float32 (bf16 weights upcast, no autocast,
+    no cast of the layers' inputs): within the replay's agreement goal of the float32 relevance (max |Δq| ≤ 0.01)
+    and far closer than bf16 compute. With ``compute_dtype=model`` it computes in bf16 like verl's forward and
+    moves q by bf16's own rounding (a JS *distance* grows like the logits' error), within twice what bf16 does
+    to the in-process scorer."""
     from mrtpo_verl.replay.model_loading import load_causal_lm
 
     path, fp32 = tied_model
+    in_bf16 = dataclasses.replace(CFG, replay=dataclasses.replace(CFG.replay, compute_dtype="model"))
     options = (f"{FSDP}.model_dtype=bf16", f"+{FSDP}.mixed_precision.param_dtype=bf16")
     with started_actor_group(path, options, name="bf16_test") as group:
         assert group.engine_facts()[0]["autocast"] == "torch.bfloat16"
-        relevance = relevance_of(group, real_sql_batch())
+        float32_compute = relevance_of(group, real_sql_batch())
+        bf16_compute = relevance_of(group, real_sql_batch(), in_bf16)
     model, tokenizer = load_causal_lm(str(path), dtype=torch.bfloat16)
+    in_process_fp32_compute = in_process_relevance(model, tokenizer, real_sql_batch())
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        in_process_bf16 = in_process_relevance(model, tokenizer, real_sql_batch())
-    drift = float((relevance - fp32).abs().max())
-    bf16_rounding = float((in_process_bf16 - fp32).abs().max())
-    print(
-        f"bf16 q - fp32 q, max |diff|: colocated {drift:.4f}, in-process {bf16_rounding:.4f} (mean q {fp32.mean():.4f})"
-    )
-    assert 0 < drift <= 2 * bf16_rounding
+        in_process_bf16 = in_process_relevance(model, tokenizer, real_sql_batch(), compute_dtype="model")
+    drift = {
+        "colocated, fp32 compute": float((float32_compute - fp32).abs().max()),
+        "in-process, fp32 compute": float((in_process_fp32_compute - fp32).abs().max()),
+        "colocated, bf16 compute": float((bf16_compute - fp32).abs().max()),
+        "in-process, bf16 compute": float((in_process_bf16 - fp32).abs().max()),
+    }
+    print(f"q - fp32 q, max |diff| (mean q {fp32.mean():.4f}): {drift}")
+    # Measured: colocated 0.0025, in-process 0.0012, against 0.030 / 0.035 computed in bf16 (what separates the
+    # two float32 computes by ~1e-3 is not pinned down: both use the same bf16 weights).
+    assert drift["colocated, fp32 compute"] <= 0.01
+    assert drift["colocated, fp32 compute"] <= drift["colocated, bf16 compute"] / 4
+    assert 0 < drift["colocated, bf16 compute"] <= 2 * drift["in-process, bf16 compute"]

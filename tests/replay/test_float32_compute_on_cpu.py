@@ -1,0 +1,94 @@
+"""The replay's float32 compute on a bf16 model: the real SmolLM2-135M-Instruct and two real Spider replays.
+
+``compute_dtype="fp32"`` must give exactly the relevance of a float32 model whose weights are the bf16 weights
+(the mechanism upcasts each weight at its use and nothing else), also under an outer bf16 autocast as verl's
+engine forward sets one; and it must agree with the float32 model's own relevance within the goal the replay
+is held to (max |Δq| ≤ 0.01, Pearson ≥ 0.99 per row), where the bf16 compute does not.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from benchmarks.replay_numerics import agreement
+from mrtpo_verl.config import MRTPOConfigError, ReplayConfig
+from mrtpo_verl.replay.contexts import ReplayContexts
+from mrtpo_verl.replay.float32_compute import float32_compute
+from mrtpo_verl.replay.scorer import ReplayScorer, cache_bytes_per_token
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def models(smollm2: tuple[Any, Any]) -> dict[str, Any]:
+    """The float32 model, its bf16 copy, and a float32 model holding the bf16-rounded weights."""
+    model32, _ = smollm2
+    model16 = copy.deepcopy(model32).to(torch.bfloat16).eval()
+    rounded = copy.deepcopy(model16).to(torch.float32).eval()
+    return {"fp32": model32, "bf16": model16, "bf16 weights in fp32": rounded}
+
+
+def relevance(model: Any, items: list[ReplayContexts], compute_dtype: str) -> torch.Tensor:
+    needed = torch.ones(len(items), len(items[0].leave_one_out_ids), dtype=torch.bool)
+    return ReplayScorer(model, compute_dtype=compute_dtype).score(items, needed).relevance
+
+
+def test_float32_compute_equals_the_float32_model_of_the_same_weights(
+    models: dict[str, Any], replay_items: list[ReplayContexts]
+) -> None:
+    expected = relevance(models["bf16 weights in fp32"], replay_items, "fp32")
+    torch.testing.assert_close(relevance(models["bf16"], replay_items, "fp32"), expected, atol=1e-5, rtol=0)
+    # verl's engine forward runs under autocast to its param_dtype; the float32 compute turns it off.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under_autocast = relevance(models["bf16"], replay_items, "fp32")
+    torch.testing.assert_close(under_autocast, expected, atol=1e-5, rtol=0)
+    # The model's own compute is another computation (else this test could not fail).
+    assert (relevance(models["bf16"], replay_items, "model") - expected).abs().max() > 1e-3
+
+
+def test_float32_compute_of_bf16_weights_agrees_with_float32(
+    models: dict[str, Any], replay_items: list[ReplayContexts]
+) -> None:
+    lengths = [len(item.response_ids) for item in replay_items]
+    real = torch.tensor(
+        [[list(loo) != list(item.full_context_ids) for loo in item.leave_one_out_ids] for item in replay_items]
+    )
+    reference = relevance(models["fp32"], replay_items, "fp32")
+    fp32_compute = agreement(reference, relevance(models["bf16"], replay_items, "fp32"), lengths, real)
+    bf16_compute = agreement(reference, relevance(models["bf16"], replay_items, "model"), lengths, real)
+    print(f"bf16 weights, fp32 compute: {fp32_compute}\nbf16 compute: {bf16_compute}")
+    assert fp32_compute["rows"] > 0
+    assert fp32_compute["max_dq"] <= 0.01 and fp32_compute["pearson_min"] >= 0.99
+    assert fp32_compute["max_dq"] < bf16_compute["max_dq"]
+
+
+def test_only_weight_combining_functions_change() -> None:
+    weight = torch.randn(6, 4).bfloat16()
+    x = torch.randn(3, 4)
+    with float32_compute("cpu"):
+        assert F.linear(x, weight).dtype == torch.float32
+        assert (x @ weight.T).dtype == torch.float32
+        assert F.embedding(torch.tensor([0, 5]), weight).dtype == torch.float32
+        assert weight.clone().dtype == torch.bfloat16  # every other function runs untouched
+        assert (weight + weight).dtype == torch.bfloat16
+    with pytest.raises(RuntimeError):
+        F.linear(x, weight)  # outside the context a mixed-dtype linear is an error, as before
+
+
+def test_the_cache_budget_counts_float32_keys_and_values(models: dict[str, Any]) -> None:
+    config = models["bf16"].config
+    budget = 1 << 30
+    fp32 = ReplayScorer(models["bf16"], max_cache_bytes=budget, compute_dtype="fp32")
+    model_dtype = ReplayScorer(models["bf16"], max_cache_bytes=budget, compute_dtype="model")
+    assert fp32.max_cache_tokens == budget // cache_bytes_per_token(config, torch.float32)
+    assert model_dtype.max_cache_tokens == budget // cache_bytes_per_token(config, torch.bfloat16)
+
+
+def test_a_bad_compute_dtype_is_named() -> None:
+    with pytest.raises(MRTPOConfigError, match=r"mrtpo.replay.compute_dtype: got 'bf16' \(allowed: fp32 \| model\)"):
+        ReplayConfig(compute_dtype="bf16").validate()
