@@ -166,13 +166,7 @@ class LocalModelRunner(ModelRunner):
         position_ids: torch.Tensor,
         past_key_values: Any = None,
     ) -> torch.Tensor:
-        output = self.decoder(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            use_cache=past_key_values is not None,
-        )
+        output = self._decode(input_ids, attention_mask, position_ids, past_key_values, past_key_values is not None)
         return output.last_hidden_state  # type: ignore[no-any-return]
 
     def _decoder_pass(
@@ -183,13 +177,7 @@ class LocalModelRunner(ModelRunner):
         past_key_values: Any,
         use_cache: bool,
     ) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...] | None]:
-        output = self.decoder(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            use_cache=use_cache,
-        )
+        output = self._decode(input_ids, attention_mask, position_ids, past_key_values, use_cache)
         layers = full_attention_cache_layers(output.past_key_values) if use_cache else None
         return output.last_hidden_state, layers
 
@@ -200,14 +188,25 @@ class LocalModelRunner(ModelRunner):
         position_ids: torch.Tensor,
         past_key_values: Any = None,
     ) -> PrefixCache:
-        output = self.decoder(
+        output = self._decode(input_ids, attention_mask, position_ids, past_key_values, True)
+        return PrefixCache.from_cache(output.past_key_values)
+
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: Any,
+        use_cache: bool,
+    ) -> Any:
+        """The decoder's one call (every method above goes through it): its output, with the cache if asked."""
+        return self.decoder(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past_key_values,
-            use_cache=True,
+            use_cache=use_cache,
         )
-        return PrefixCache.from_cache(output.past_key_values)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # type: ignore[no-any-return]

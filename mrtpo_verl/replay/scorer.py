@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 import torch
@@ -118,9 +119,9 @@ class _Row:
     sequence: _Pass | None
     child: PrefixNode | None
 
-    @property
+    @cached_property
     def tokens(self) -> list[int]:
-        """The new tokens the row feeds."""
+        """The new tokens the row feeds (built once: the call planning and the call both read them)."""
         if self.child is not None:
             return list(self.child.tokens)
         assert self.sequence is not None
