@@ -18,6 +18,12 @@ verl 0.9.1 has two registries for a rollout backend, and this module fills both 
 The server generates with ``model.generate`` one request at a time (CPU), sampling with the
 request's temperature / top-p / top-k, at most ``rollout.response_length`` new tokens.
 
+Reproducible sampling (verl's ``rollout.full_determinism=True``): verl's agent loops then name each
+request ``det-<priority>``, the sample's index in the step's batch. The server samples each request
+from the random stream of :func:`request_seed` (rollout seed, weights loaded so far, request id),
+not from one stream shared in arrival order, so a sample does not depend on which agent-loop worker
+or replica asked first, and the same seed and data give the same responses run after run.
+
 Partial rollouts (verl's ``colocate_async``/``separate_async``): ``abort_all_requests`` stops the
 request being generated after its current token (a ``StoppingCriteria`` reads the abort flag) and
 returns the tokens so far with ``stop_reason="aborted"``; requests that arrive while generation is
@@ -30,6 +36,7 @@ the remaining budget, so the response continues under the new weights, each piec
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import threading
@@ -49,6 +56,7 @@ __all__ = [
     "HFReplica",
     "HFServerAdapter",
     "parameter_checksum",
+    "request_seed",
     "server_name",
 ]
 
@@ -58,6 +66,16 @@ logger = logging.getLogger(__name__)
 ROLLOUT_NAME = "hf"
 #: Start of the line a server prints after loading weights (tests read it from the run's log).
 WEIGHTS_LOADED = "hf rollout: loaded weights"
+
+
+def request_seed(seed: int, weight_version: int, global_steps: int | None, request_id: str) -> int:
+    """Seed of one request's sampling under full determinism: a 63-bit hash of what names the sample.
+
+    ``weight_version`` (loads so far) and ``global_steps`` make a step's ``det-<i>`` differ from the
+    previous step's; the hash (BLAKE2b) does not depend on the process, unlike Python's ``hash``.
+    """
+    key = f"{seed}|{weight_version}|{global_steps}|{request_id}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
 def server_name(replica_rank: int) -> str:
@@ -74,6 +92,8 @@ class HFLLMServer:
         torch_threads: intra-op threads of this process.
         seed: seed of the sampling generator (the rollout config's ``seed``).
         replica_rank: the replica this server belongs to (named in its log lines).
+        full_determinism: sample each request from its own seed (:func:`request_seed`), not from
+            one stream in arrival order (the rollout config's ``full_determinism``).
     """
 
     def __init__(
@@ -84,6 +104,7 @@ class HFLLMServer:
         torch_threads: int = 1,
         seed: int = 0,
         replica_rank: int = -1,
+        full_determinism: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -93,6 +114,8 @@ class HFLLMServer:
         self.model.eval()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.replica_rank = replica_rank
+        self.seed = seed
+        self.full_determinism = full_determinism
         self.prompt_length = prompt_length
         self.response_length = response_length
         self.global_steps: int | None = None
@@ -121,12 +144,12 @@ class HFLLMServer:
             await self._gate.wait()
             async with self._lock:  # one request at a time: the CPU is the bottleneck anyway
                 if self._gate.is_set():  # not paused while this request queued for the lock
-                    return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params))
+                    return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params), request_id)
 
     def _version(self) -> dict[str, Any]:
         return {"global_steps": self.global_steps}
 
-    def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
+    def _generate(self, prompt_ids: list[int], params: dict[str, Any], request_id: str = "") -> TokenOutput:
         max_new = params.pop("max_tokens", params.pop("max_new_tokens", None))
         if max_new is None:
             max_new = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
@@ -149,7 +172,11 @@ class HFLLMServer:
         else:
             generate_kwargs.update(temperature=None, top_p=None, top_k=None)
         input_ids = torch.tensor([prompt_ids], dtype=torch.long)
-        with torch.inference_mode():
+        # transformers samples from torch's global generator; under full determinism it is set to the
+        # request's own seed for this call and restored after (one request runs at a time).
+        with torch.random.fork_rng(devices=[], enabled=self.full_determinism), torch.inference_mode():
+            if self.full_determinism:
+                torch.manual_seed(request_seed(self.seed, self.weight_version, self.global_steps, request_id))
             out = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
@@ -286,6 +313,7 @@ class HFReplica(RolloutReplica):
                 torch_threads=threads,
                 seed=int(getattr(self.config, "seed", 0)),
                 replica_rank=self.replica_rank,
+                full_determinism=bool(getattr(self.config, "full_determinism", False)),
             )
         )
         await server.get_weight_version.remote()  # wait until the model is loaded
