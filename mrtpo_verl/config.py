@@ -29,8 +29,9 @@ ABLATIONS = ("none", "uniform", "shuffle")
 REWEIGHTINGS = ("none", "saw")
 PLACEMENTS = ("colocated", "dedicated")
 FAILURE_POLICIES = ("error", "uniform")
-#: How the replay runs its prefix tree: two levels of calls (shared prefixes, then every pass), or one per tree level.
-PREFIX_SCHEDULES = ("two_levels", "tree")
+#: How the replay runs its prefix tree: two levels of calls (shared prefixes, then every pass), one per tree level,
+#: or auto: two levels where each forward call all-gathers sharded parameters (colocated FSDP replay), else the tree.
+PREFIX_SCHEDULES = ("auto", "two_levels", "tree")
 DEVICES = ("auto", "cpu", "cuda")
 #: Dtype of a dedicated replay worker's model; auto = the actor's compute dtype (its FSDP mixed-precision param_dtype).
 DEDICATED_DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -90,7 +91,7 @@ class ReplayConfig:
     skip_zero_advantage: bool = True
     share_prefix: bool = True
     min_shared_tokens: int = 1
-    prefix_schedule: str = "two_levels"
+    prefix_schedule: str = "auto"
     max_cache_bytes: int | None = None
     max_cache_tokens: int | None = None
     on_worker_failure: str = "error"

@@ -64,9 +64,14 @@ class PrefixCache:
 
 
 class ModelRunner:
-    """What :class:`~mrtpo_verl.replay.scorer.ReplayScorer` asks of a model (see the module docstring)."""
+    """What :class:`~mrtpo_verl.replay.scorer.ReplayScorer` asks of a model (see the module docstring).
+
+    ``calls_gather_parameters``: each forward call all-gathers parameters across ranks, so fewer calls beat
+    fewer tokens (the scorer's ``prefix_schedule="auto"`` then runs two levels of calls, not the whole tree).
+    """
 
     model: Any
+    calls_gather_parameters: bool = False
 
     @property
     def device(self) -> torch.device:
@@ -215,6 +220,8 @@ class LocalModelRunner(ModelRunner):
 class ShardedModelRunner(ModelRunner):
     """The actor engine's FSDP2-wrapped causal LM, run in place by every rank of its process group.
 
+    Every forward call all-gathers the sharded parameters (``calls_gather_parameters``).
+
     Args:
         model: the wrapped root module (verl's ``engine.module``): a transformers ``*ForCausalLM``, or a peft
             model around one (LoRA: the decoder's linear layers carry the adapters, so the replay scores with the
@@ -226,6 +233,8 @@ class ShardedModelRunner(ModelRunner):
         autocast_dtype: the engine's autocast dtype (verl's forward runs under ``torch.autocast`` with the
             mixed-precision ``param_dtype``); None or float32: no autocast, as in verl.
     """
+
+    calls_gather_parameters = True
 
     def __init__(
         self,

@@ -155,8 +155,9 @@ class ReplayScorer:
             (:mod:`~mrtpo_verl.replay.prefix_tree`); False replays every context from its first token.
         min_shared_tokens: fewest tokens two or more contexts must share to get their own cached prefix.
         prefix_schedule: with sharing, "two_levels" (the prefixes :func:`~mrtpo_verl.replay.prefix_tree.two_level_tree`
-            keeps, each from its first token, in one level of calls, then every pass: about two calls) or "tree" (a
-            level of calls per level of the tree: fewest tokens, more calls).
+            keeps, each from its first token, in one level of calls, then every pass: about two calls), "tree" (a
+            level of calls per level of the tree: fewest tokens, more calls) or "auto" (two levels when every call
+            all-gathers sharded parameters, ``runner.calls_gather_parameters``; the tree otherwise).
         max_cache_tokens: with sharing, at most this many rows × (cached prefix + longest remainder) per forward
             call: bounds the key/value cache held at once (a row that alone exceeds it runs alone). None: derived
             from ``max_cache_bytes``.
@@ -218,7 +219,7 @@ class ReplayScorer:
         self.padding_side = padding_side
         self.share_prefix = bool(share_prefix)
         self.min_shared_tokens = min_shared_tokens
-        self.prefix_schedule = prefix_schedule
+        self.prefix_schedule = _resolve_schedule(prefix_schedule, self.runner)
         self.compute_dtype = compute_dtype
         self.max_cache_tokens = self._cache_token_budget(max_cache_tokens, max_cache_bytes)
 
@@ -590,3 +591,10 @@ def _pad(
         attention_mask[row, offset : offset + len(tokens)] = 1
         offsets.append(offset)
     return input_ids.to(device), attention_mask.to(device), offsets
+
+
+def _resolve_schedule(prefix_schedule: str, runner: ModelRunner) -> str:
+    """``auto``: two levels of calls where each call costs a parameter all-gather, else the fewest tokens."""
+    if prefix_schedule != "auto":
+        return prefix_schedule
+    return "two_levels" if runner.calls_gather_parameters else "tree"

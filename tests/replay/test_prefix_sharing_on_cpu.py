@@ -20,7 +20,7 @@ from transformers.cache_utils import DynamicCache
 
 from mrtpo_verl.demo.tasks import TASKS, load_prompts
 from mrtpo_verl.replay.contexts import ReplayContextBuilder, ReplayContexts, verifier_order
-from mrtpo_verl.replay.model_runners import PrefixCache
+from mrtpo_verl.replay.model_runners import LocalModelRunner, PrefixCache, ShardedModelRunner
 from mrtpo_verl.replay.prefix_tree import build_prefix_tree, distinct_prefix_tokens, two_level_tree
 from mrtpo_verl.replay.scorer import ReplayResult, ReplayScorer, _Pass
 from reward_fns import dispatch
@@ -153,6 +153,32 @@ def test_shared_replay_equals_unshared(
         assert all(rows * length <= max_tokens for rows, length, _ in calls if rows > 1)
         assert all(rows * (cached + length) <= max_cache_tokens for rows, length, cached in calls if rows > 1)
         assert any(cached for _, _, cached in calls) and stats.peak_cache_bytes > 0
+
+
+def test_auto_schedule_runs_two_levels_only_where_calls_gather_parameters(
+    model: Any, families: dict[str, tuple[list[ReplayContexts], ReplayResult]]
+) -> None:
+    """``auto``: the whole tree (fewest tokens) in one process; two levels (fewest calls) on a sharded actor.
+
+    A sharded runner needs an FSDP process group; here a local runner that declares its calls gather
+    parameters stands in for it, and the class flag of the real one is checked.
+    """
+
+    class GatheringRunner(LocalModelRunner):
+        calls_gather_parameters = True
+
+    assert ShardedModelRunner.calls_gather_parameters and not LocalModelRunner.calls_gather_parameters
+    items, _ = families["text_to_sql"]
+    needed = torch.ones(len(items), len(items[0].leave_one_out_ids), dtype=torch.bool)
+    runs = {}
+    for name, runner in (("local", LocalModelRunner(model)), ("gathering", GatheringRunner(model))):
+        scorer = ReplayScorer(runner, js_chunk_size=JS_CHUNK, share_prefix=True, prefix_schedule="auto")
+        runs[name] = (scorer.prefix_schedule, scorer.score(items, needed))
+    assert runs["local"][0] == "tree" and runs["gathering"][0] == "two_levels"
+    local, gathering = runs["local"][1], runs["gathering"][1]
+    assert gathering.stats.model_calls < local.stats.model_calls
+    assert local.stats.replayed_tokens < gathering.stats.replayed_tokens
+    assert (local.relevance - gathering.relevance).abs().max().item() < 1e-5
 
 
 def test_truncated_verifier_texts_share_exactly(
