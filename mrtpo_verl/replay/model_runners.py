@@ -73,6 +73,13 @@ class ModelRunner:
     model: Any
     calls_gather_parameters: bool = False
 
+    def computes_in_float32(self) -> bool:
+        """True when a forward call already runs every weight in float32 (then no float32-compute mode is needed).
+
+        False unless a runner knows: a sharded model's gathered weights may be bf16 while its shards are fp32.
+        """
+        return False
+
     @property
     def device(self) -> torch.device:
         raise NotImplementedError
@@ -163,6 +170,12 @@ class LocalModelRunner(ModelRunner):
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device  # type: ignore[no-any-return]
+
+    def computes_in_float32(self) -> bool:
+        """Every floating parameter is float32 and no autocast is on: the forward already computes in float32."""
+        if torch.is_autocast_enabled(self.device.type):
+            return False
+        return all(p.dtype == torch.float32 for p in self.model.parameters() if p.is_floating_point())
 
     def hidden_states(
         self,

@@ -305,8 +305,9 @@ class ReplayScorer:
     @contextmanager
     def _computing(self) -> Iterator[None]:
         """Float32 compute for ``compute_dtype="fp32"`` (entered inside the runner's scoring, so after its
-        autocast and with the LM head's weight as scoring gathered it), else nothing."""
-        if self.compute_dtype != "fp32":
+        autocast and with the LM head's weight as scoring gathered it), else nothing. A float32 model held
+        whole already computes in float32: the mode would only add its per-call dispatch."""
+        if self.compute_dtype != "fp32" or self.runner.computes_in_float32():
             yield
             return
         head = getattr(self.runner, "lm_head", None)

@@ -92,3 +92,28 @@ def test_the_cache_budget_counts_float32_keys_and_values(models: dict[str, Any])
 def test_a_bad_compute_dtype_is_named() -> None:
     with pytest.raises(MRTPOConfigError, match=r"mrtpo.replay.compute_dtype: got 'bf16' \(allowed: fp32 \| model\)"):
         ReplayConfig(compute_dtype="bf16").validate()
+
+
+def test_a_float32_model_skips_the_mode_and_gives_the_same_relevance(
+    models: dict[str, Any], replay_items: list[ReplayContexts], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float32 model held whole already computes in float32: the mode (per-call dispatch) is not entered."""
+    from mrtpo_verl.replay import scorer as scorer_module
+    from mrtpo_verl.replay.model_runners import LocalModelRunner
+
+    assert LocalModelRunner(models["fp32"]).computes_in_float32()
+    assert not LocalModelRunner(models["bf16"]).computes_in_float32()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # an outer autocast would compute in bf16: the mode is needed
+        assert not LocalModelRunner(models["fp32"]).computes_in_float32()
+    entered = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        entered.append(args)
+        return float32_compute(*args, **kwargs)
+
+    monkeypatch.setattr(scorer_module, "float32_compute", counting)
+    fp32_compute = relevance(models["fp32"], replay_items, "fp32")
+    assert entered == []
+    assert torch.equal(fp32_compute, relevance(models["fp32"], replay_items, "model"))
+    relevance(models["bf16"], replay_items, "fp32")
+    assert entered  # and a bf16 model does enter it
