@@ -8,7 +8,9 @@ Per response j and reward k:
    (bs, K, L)) at the step's ``β_s``; see :mod:`mrtpo_verl.math.token_weights`.
 3. ``A_t^(j) = Σ_k c_k · w_{k,t}^(j) · Â_k^(j)``, whitened with the batch statistics of the uniform
    sum ``Σ_k c_k · Â_k^(j)`` that verl's ``gdpo`` whitens; with every weight 1 the output is
-   ``gdpo``'s, tensor for tensor.
+   ``gdpo``'s, tensor for tensor. When weights are made, the advantages are made a block of rows at a time in
+   one (bs, L) output and the statistics summed in float64 over the blocks (no (bs, L) temporaries beside the
+   relevance); they differ from verl's float32 whole-tensor sums by those sums' rounding only.
 
 Documented edge cases:
 - A group of one response: verl's GRPO gives it mean 0 and std 1, so ``Â_k = r_k / (1 + ε)``
@@ -33,7 +35,12 @@ from mrtpo_verl.advantage_inputs import current_advantage_inputs
 from mrtpo_verl.batch_keys import RELEVANCE_KEY
 from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.math.reward_reweighting import saw_reward_weights
-from mrtpo_verl.math.token_advantage import weighted_token_advantage, whiten_with_statistics
+from mrtpo_verl.math.token_advantage import (
+    rows_per_block,
+    uniform_statistics,
+    weighted_token_advantage,
+    whiten_with_statistics,
+)
 from mrtpo_verl.math.token_weights import beta_at_step, shuffle_within_responses, token_weights
 
 __all__ = [
@@ -176,33 +183,43 @@ def _placed_advantage(
     beta_s: float,
     global_step: int,
 ) -> tuple[torch.Tensor, dict[int, float]]:
-    """``Σ_k c_k · w_k · Â_k`` (bs, L), and each reward's largest token weight over valid tokens.
+    """Whitened, masked ``Σ_k c_k · w_k · Â_k`` (bs, L), and each reward's largest token weight over valid tokens.
 
-    The weights are made one reward at a time, (bs, 1, L) each, and added in reward order as
-    :func:`~mrtpo_verl.math.token_advantage.weighted_token_advantage` adds them: the driver never holds a
-    (bs, K, L) weights tensor beside the relevance. The shuffle ablation permutes each reward's weights with
-    one generator seeded by ``shuffle_seed`` and the step, drawn reward after reward.
+    Made in one (bs, L) output, :func:`~mrtpo_verl.math.token_advantage.rows_per_block` rows at a time: for reward
+    k after reward k, each block's weights (rows, 1, L) are made and their term added to the block's output (the sum
+    :func:`~mrtpo_verl.math.token_advantage.weighted_token_advantage` makes, in the same order); then each block is
+    whitened in place with the uniform sum's statistics (:func:`~mrtpo_verl.math.token_advantage.uniform_statistics`)
+    and masked. Besides the relevance the driver holds the output and a few (rows, L) temporaries. The shuffle
+    ablation permutes the weights with one generator seeded by ``shuffle_seed`` and the step, drawn reward after
+    reward and block after block (the same draws as one (bs, 1, L) draw per reward).
     """
     generator = None
     if cfg.ablation == "shuffle":
         generator = torch.Generator(device=response_mask.device).manual_seed(cfg.shuffle_seed * 1_000_003 + global_step)
-    valid = response_mask.bool()
-    any_valid = bool(valid.any())
-    placed: torch.Tensor | None = None
+    block = rows_per_block(response_mask.shape[1])
+    mean, variance = uniform_statistics(reward_advantages, reward_weights, response_mask, block)
+    placed = torch.empty(response_mask.shape, dtype=reward_advantages.dtype, device=response_mask.device)
+    blocks = [slice(start, start + block) for start in range(0, response_mask.shape[0], block)]
     maxima: dict[int, float] = {}
     for k in range(reward_advantages.shape[1]):
-        weights = token_weights(relevance[:, k : k + 1].to(response_mask.device), response_mask, beta_s, cfg.ratio_cap)
-        if generator is not None:
-            weights = shuffle_within_responses(weights, response_mask, generator)
-        if any_valid:
-            maxima[k] = float(weights[:, 0, :][valid].max())
-        term = weighted_token_advantage(
-            reward_advantages[:, k : k + 1], weights, reward_weights[k : k + 1], response_mask
-        )
-        placed = term if placed is None else placed.add_(term)  # the same sum as placed + term, in place
-        del weights, term
-    if placed is None:
-        raise ValueError("at least one reward is needed")
+        for rows in blocks:
+            mask = response_mask[rows]
+            weights = token_weights(relevance[rows, k : k + 1].to(mask.device), mask, beta_s, cfg.ratio_cap)
+            if generator is not None:
+                weights = shuffle_within_responses(weights, mask, generator)
+            valid = mask.bool()
+            if bool(valid.any()):
+                largest = float(weights[:, 0, :][valid].max())
+                maxima[k] = max(maxima.get(k, largest), largest)
+            advantage_k = reward_advantages[rows, k : k + 1]
+            term = weighted_token_advantage(advantage_k, weights, reward_weights[k : k + 1], mask)
+            if k == 0:
+                placed[rows] = term
+            else:
+                placed[rows].add_(term)  # the same sum as placed + term, in place
+            del weights, term
+    for rows in blocks:
+        placed[rows] = whiten_with_statistics(placed[rows], mean, variance) * response_mask[rows]
     return placed, maxima
 
 
@@ -270,15 +287,16 @@ def compute_mrtpo_outcome_advantage(
     relevance = _relevance_or_none(batch, (batch_size, len(cfg.reward_keys), response_length))
     beta_s = _beta_for_step(relevance, cfg, global_step)
 
-    uniform = weighted_token_advantage(reward_advantages, None, reward_weights, response_mask)
-    placed, weight_maxima = uniform, {}
+    weight_maxima: dict[int, float] = {}
     if beta_s != 0.0 and relevance is not None and global_step is not None:
-        placed, weight_maxima = _placed_advantage(
+        advantages, weight_maxima = _placed_advantage(
             relevance, reward_advantages, reward_weights, response_mask, cfg, beta_s, global_step
         )
-    mean = verl_F.masked_mean(uniform, response_mask)
-    variance = verl_F.masked_var(uniform, response_mask)
-    advantages = whiten_with_statistics(placed, mean, variance) * response_mask
+    else:  # every weight is 1: gdpo's computation, whole-tensor statistics included, so the result is gdpo's
+        uniform = weighted_token_advantage(reward_advantages, None, reward_weights, response_mask)
+        mean = verl_F.masked_mean(uniform, response_mask)
+        variance = verl_F.masked_var(uniform, response_mask)
+        advantages = whiten_with_statistics(uniform, mean, variance) * response_mask
 
     if inputs is not None:
         inputs.metrics.update(_step_metrics(cfg, beta_s, weight_maxima, reward_weights))

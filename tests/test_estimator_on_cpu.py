@@ -12,12 +12,12 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.utils import torch_functional as verl_F
 
-import mrtpo_verl.estimator  # noqa: F401  (the plugin also registers it; importing makes the dependency explicit)
+import mrtpo_verl.estimator  # the plugin also registers it; importing makes the dependency explicit
 from mrtpo_verl.advantage_inputs import advantage_inputs
 from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.estimator import group_normalised_rewards, reward_component_matrix
 from mrtpo_verl.math.reward_reweighting import saw_reward_weights
-from mrtpo_verl.math.token_advantage import weighted_token_advantage, whiten_with_statistics
+from mrtpo_verl.math.token_advantage import uniform_statistics, weighted_token_advantage, whiten_with_statistics
 from mrtpo_verl.math.token_weights import beta_at_step, token_weights
 from tests.conftest import make_grouped_batch
 
@@ -112,14 +112,17 @@ def test_relevance_moves_credit_but_keeps_each_responses_total(grouped_batch) ->
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("ratio_cap", [None, 2.0])
-def test_advantages_equal_the_whole_weights_tensor_formula_bit_for_bit(seed, ratio_cap) -> None:
-    """The estimator makes one reward's weights at a time; the result is the (bs, K, L) formula's exactly."""
+@pytest.mark.parametrize("row_block", [64, 5, 1])
+def test_advantages_equal_the_whole_weights_tensor_formula(seed, ratio_cap, row_block, monkeypatch) -> None:
+    """The estimator makes one block of rows and one reward's weights at a time; the result is the (bs, K, L)
+    formula's: bit for bit with the same whitening statistics, within 1e-6 of it with verl's float32 statistics."""
+    monkeypatch.setattr(mrtpo_verl.estimator, "rows_per_block", lambda length: row_block)
     keys = ("a", "b", "c")
-    data = make_grouped_batch(seed, reward_keys=keys)
+    data = make_grouped_batch(seed, n_groups=5, reward_keys=keys)
     algo = AlgoConfig(adv_estimator="gdpo", gdpo_reward_keys=list(keys))
     cfg = mrtpo_config(keys, ratio_cap=ratio_cap, reward_weights=(0.5, 1.0, 2.0))
     relevance = data.batch["mrtpo_relevance"].clone()
-    ours, _ = run_verl(data, "mrtpo", algo, cfg)
+    ours, metrics = run_verl(data, "mrtpo", algo, cfg)
     assert torch.equal(data.batch["mrtpo_relevance"], relevance)  # read, never written
 
     mask = data.batch["response_mask"]
@@ -129,8 +132,38 @@ def test_advantages_equal_the_whole_weights_tensor_formula_bit_for_bit(seed, rat
     weights = token_weights(relevance, mask, beta_at_step(cfg.beta, cfg.warmup_steps, 100), ratio_cap)
     uniform = weighted_token_advantage(normalised, None, c, mask)
     placed = weighted_token_advantage(normalised, weights, c, mask)
-    mean, variance = verl_F.masked_mean(uniform, mask), verl_F.masked_var(uniform, mask)
+    mean, variance = uniform_statistics(normalised, c, mask)
     assert torch.equal(ours, whiten_with_statistics(placed, mean, variance) * mask)
+    verl_mean, verl_variance = verl_F.masked_mean(uniform, mask), verl_F.masked_var(uniform, mask)
+    torch.testing.assert_close(
+        ours, whiten_with_statistics(placed, verl_mean, verl_variance) * mask, rtol=1e-6, atol=1e-6
+    )
+    valid = mask.bool()
+    for k, key in enumerate(keys):
+        assert metrics[f"mrtpo/{key}/weight_max"] == float(weights[:, k, :][valid].max())
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("rows_at_a_time", [1, 4, 64, None])
+def test_uniform_statistics_match_verls_masked_mean_and_variance(seed, rows_at_a_time) -> None:
+    data = make_grouped_batch(seed, n_groups=6, response_length=37, reward_keys=("a", "b", "c"))
+    mask = data.batch["response_mask"]
+    rewards = reward_component_matrix(data.non_tensor_batch, ("a", "b", "c"), len(data))
+    normalised = group_normalised_rewards(rewards, data.non_tensor_batch["uid"], 1e-6, True, AlgoConfig())
+    c = torch.tensor([0.3, 1.0, 1.7])
+    uniform = weighted_token_advantage(normalised, None, c, mask)
+    mean, variance = uniform_statistics(normalised, c, mask, rows_at_a_time)
+    assert mean.dtype == variance.dtype == torch.float32 and mean.shape == variance.shape == ()
+    torch.testing.assert_close(mean, verl_F.masked_mean(uniform, mask), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(variance, verl_F.masked_var(uniform, mask), rtol=1e-6, atol=1e-7)
+
+
+def test_uniform_statistics_refuse_fewer_than_two_tokens_and_blocks_of_no_rows() -> None:
+    one_token = torch.tensor([[1, 0], [0, 0]])
+    with pytest.raises(ValueError, match="at least two valid tokens"):
+        uniform_statistics(torch.ones(2, 1), torch.ones(1), one_token)
+    with pytest.raises(ValueError, match="rows_at_a_time must be"):
+        uniform_statistics(torch.ones(2, 1), torch.ones(1), torch.ones(2, 2), rows_at_a_time=0)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -152,6 +185,14 @@ def test_shuffle_is_reproducible_for_a_seed_and_step(grouped_batch) -> None:
     again, _ = run_verl(grouped_batch, "mrtpo", AlgoConfig(), cfg, step=7)
     other_step, _ = run_verl(grouped_batch, "mrtpo", AlgoConfig(), cfg, step=8)
     assert torch.equal(first, again) and not torch.equal(first, other_step)
+
+
+def test_shuffle_draws_do_not_depend_on_the_row_block(grouped_batch, monkeypatch) -> None:
+    cfg = mrtpo_config(ablation="shuffle", shuffle_seed=3)
+    whole, _ = run_verl(grouped_batch, "mrtpo", AlgoConfig(), cfg, step=7)
+    monkeypatch.setattr(mrtpo_verl.estimator, "rows_per_block", lambda length: 5)
+    blocked, _ = run_verl(grouped_batch, "mrtpo", AlgoConfig(), cfg, step=7)
+    assert torch.equal(whole, blocked)
 
 
 def test_saw_reweighting_equals_mrtpo_with_the_saw_weights(grouped_batch) -> None:
