@@ -429,6 +429,122 @@ def test_cpu_engine_and_rollout_registrations() -> None:
     assert get_rollout_class("mrtpo-contract", "async") is collections.OrderedDict
 
 
+# --- compat.verl: worker-group calls -------------------------------------------------------------------------
+
+
+def _answers(ranks: int) -> list[Any]:
+    """Per-rank ``DataProto`` answers: a (2, 3) float tensor, a label per row, the rank's time as a metric."""
+    from verl.protocol import DataProto
+
+    answers = []
+    for rank in range(ranks):
+        answer = DataProto.from_dict(
+            tensors={"x": torch.full((2, 3), float(rank))},
+            non_tensors={"label": np.array([f"{rank}.{row}" for row in range(2)], dtype=object)},
+        )
+        answer.meta_info["metrics"] = {"t": float(rank)}
+        answers.append(answer)
+    return answers
+
+
+def _masked(answers: list[Any], collect_mask: list[bool]) -> list[Any]:
+    """The answers as the ranks give them: None from a rank whose answer verl does not collect."""
+    return [answer if keep else None for answer, keep in zip(answers, collect_mask, strict=True)]
+
+
+def _worker_group(ranks: int, mesh: str, collect_mask: list[bool]) -> Any:
+    """A verl ``WorkerGroup`` of ``ranks`` workers whose ranks on ``mesh`` are collected where ``collect_mask``."""
+    from verl.single_controller.base.worker_group import WorkerGroup
+
+    class Group(WorkerGroup):
+        queries = 0
+
+        def _query_collect_info(self, mesh_name: str) -> list[bool]:
+            assert mesh_name == mesh
+            self.queries += 1
+            return list(collect_mask)
+
+    group = Group(resource_pool=None)
+    group._workers = list(range(ranks))
+    group._dispatch_info[mesh] = list(range(ranks))  # what verl's lazy dispatch has cached by the time it collects
+    return group
+
+
+@covers("verl.dp_dispatch_with_collect", "verl.mesh_dispatch_with_collect")
+def test_our_collect_modes_split_as_verl_and_collect_what_verl_would_concatenate() -> None:
+    from verl.protocol import DataProto
+    from verl.single_controller.base.decorator import (
+        Dispatch,
+        get_predefined_dispatch_fn,
+        make_nd_compute_dataproto_dispatch_fn,
+    )
+
+    from mrtpo_verl.compat.verl import dp_dispatch_with_collect, mesh_dispatch_with_collect
+
+    def concat(answers: list[Any]) -> Any:
+        merged = DataProto.concat(answers)
+        answers.clear()
+        return merged
+
+    dp_mode = dp_dispatch_with_collect(concat)
+    verl_dp = get_predefined_dispatch_fn(Dispatch.DP_COMPUTE_PROTO)
+    assert dp_mode["dispatch_fn"] is verl_dp["dispatch_fn"]
+    group = _worker_group(4, "actor", [True] * 4)
+    ours, theirs = dp_mode["collect_fn"](group, _answers(4)), verl_dp["collect_fn"](group, _answers(4))
+    assert torch.equal(ours.batch["x"], theirs.batch["x"]) and ours.meta_info == theirs.meta_info
+
+    mask = [True, False, True, False]
+    mesh_mode = mesh_dispatch_with_collect("actor", concat)
+    verl_mesh = make_nd_compute_dataproto_dispatch_fn("actor")
+    ours_group, verl_group = _worker_group(4, "actor", mask), _worker_group(4, "actor", mask)
+    ours = mesh_mode["collect_fn"](ours_group, _masked(_answers(4), mask))
+    theirs = verl_mesh["collect_fn"](verl_group, _masked(_answers(4), mask))
+    assert ours.batch["x"][:, 0].tolist() == theirs.batch["x"][:, 0].tolist() == [0.0, 0.0, 2.0, 2.0]
+    assert ours.non_tensor_batch["label"].tolist() == theirs.non_tensor_batch["label"].tolist()
+    assert ours.meta_info == theirs.meta_info == {"metrics": {"t": [0.0, 2.0]}}
+    assert ours_group.queries == verl_group.queries == 1
+    mesh_mode["collect_fn"](ours_group, _answers(4))
+    assert ours_group.queries == 1  # the mask verl cached is reused, as verl reuses it
+    source = inspect.getsource(verl_mesh["dispatch_fn"].func)
+    assert "worker_group._dispatch_info[mesh_name]" in source
+
+
+@covers("verl.dp_dispatch_with_collect", "verl.mesh_dispatch_with_collect")
+def test_a_worker_group_call_hands_the_collect_the_only_references_to_the_answers(transfer_queue: Any) -> None:
+    """Through verl's own worker-group call and a real ``ray.get``: emptying the list releases every answer."""
+    import weakref
+
+    from verl.single_controller.ray.base import func_generator
+
+    from mrtpo_verl.compat.verl import dp_dispatch_with_collect, mesh_dispatch_with_collect
+
+    seen: dict[str, list[bool]] = {}
+
+    def collect(answers: list[Any]) -> str:
+        refs = [weakref.ref(answer.batch["x"]) for answer in answers]
+        answers.clear()
+        seen["released"] = [ref() is None for ref in refs]
+        return "collected"
+
+    for mode, mask in (
+        (dp_dispatch_with_collect(collect), [True] * 4),
+        (mesh_dispatch_with_collect("actor", collect), [True, False, True, False]),
+    ):
+        group = _worker_group(4, "actor", mask)
+        stored = [ray.put(answer) for answer in _masked(_answers(4), mask)]
+        call = func_generator(
+            group,
+            "compute",
+            dispatch_fn=lambda worker_group, *args, **kwargs: (args, kwargs),
+            collect_fn=mode["collect_fn"],
+            execute_fn=lambda method_name, *args, stored=stored, **kwargs: list(stored),
+            blocking=True,
+        )
+        seen.clear()
+        assert call() == "collected"
+        assert seen["released"] == [True] * sum(mask)
+
+
 # --- compat.ray, compat.transformers, compat.torch_fsdp, compat.omegaconf -------------------------------------
 
 

@@ -9,7 +9,9 @@ used directly elsewhere. What it does not offer is reached only here:
 - the v1 base class's ``trainer_mode`` branches and private hooks (:class:`VerlTrainerSeam`);
 - the role → worker-class mapping (:func:`replace_actor_worker_classes`);
 - ``separate_async``'s parking of π_old on the CPU (:func:`pi_old_weights`);
-- the FSDP actor engine's attributes and weight export (``engine_*`` functions).
+- the FSDP actor engine's attributes and weight export (``engine_*`` functions);
+- how a worker-group call hands its collect function the ranks' answers (:func:`dp_dispatch_with_collect`,
+  :func:`mesh_dispatch_with_collect`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "VerlTrainerSeam",
     "actor_engine",
     "actor_param_dtype",
+    "dp_dispatch_with_collect",
     "engine_autocast_dtype",
     "engine_device",
     "engine_full_weights",
@@ -46,6 +49,7 @@ __all__ = [
     "finish_advantage_as_verl",
     "hf_state_dict",
     "is_lora_or_qat",
+    "mesh_dispatch_with_collect",
     "pi_old_weights",
     "register_rollout_adapter",
     "replace_actor_worker_classes",
@@ -359,3 +363,62 @@ def actor_param_dtype(config: Any) -> torch.dtype:
     actor = config.actor_rollout_ref.actor
     mixed = (actor.get("fsdp_config") or {}).get("mixed_precision") or {}
     return PrecisionType.to_dtype(mixed.get("param_dtype", "bf16"))  # type: ignore[no-any-return]
+
+
+#: ``collect(answers)``: the ranks' answers as a list the function may empty (each entry released as it goes).
+AnswersCollect = Callable[[list[Any]], Any]
+
+
+def dp_dispatch_with_collect(collect: AnswersCollect) -> dict[str, Any]:
+    """A ``@register`` dispatch mode: verl's ``DP_COMPUTE_PROTO`` split of the request, ``collect`` of the answers.
+
+    ``collect`` gets the very list of the ranks' answers (rank order) that the worker-group call got from
+    ``ray.get``, so emptying it releases each answer. Answers that are not ``DataProto`` (futures of a non-blocking
+    call) go to verl's own collect.
+
+    Relies on: verl 0.9.1's worker-group call (``verl/single_controller/ray/base.py`` ``func_generator``) passing
+    its collect function the list ``ray.get`` returned and holding no other reference to its items, and
+    ``get_predefined_dispatch_fn(Dispatch.DP_COMPUTE_PROTO)`` (its dispatch and collect functions).
+    """
+    from verl.single_controller.base.decorator import Dispatch, get_predefined_dispatch_fn
+
+    verl_mode = get_predefined_dispatch_fn(Dispatch.DP_COMPUTE_PROTO)
+
+    def collect_fn(worker_group: Any, output: list[Any]) -> Any:
+        if not all(isinstance(answer, DataProto) for answer in output):
+            return verl_mode["collect_fn"](worker_group, output)
+        if len(output) != worker_group.world_size:
+            raise RuntimeError(f"{len(output)} answers from a worker group of {worker_group.world_size} ranks")
+        return collect(output)
+
+    return {"dispatch_fn": verl_mode["dispatch_fn"], "collect_fn": collect_fn}
+
+
+def mesh_dispatch_with_collect(mesh_name: str, collect: AnswersCollect) -> dict[str, Any]:
+    """A ``@register`` dispatch mode: verl's split of the request over mesh ``mesh_name``'s data-parallel ranks
+    (``make_nd_compute_dataproto_dispatch_fn``), ``collect`` of the answers of the ranks verl collects from.
+
+    ``collect`` gets a list of those answers (rank order); the list verl handed over is emptied first, so emptying
+    this one releases each answer. Answers that are not ``DataProto`` go to verl's own collect.
+
+    Relies on: verl 0.9.1's ``collect_lazy_compute_data_proto`` (the collect mask cached in
+    ``WorkerGroup._collect_info[mesh_name]``, queried with ``_query_collect_info``) and its worker-group call
+    passing the list ``ray.get`` returned (see :func:`dp_dispatch_with_collect`).
+    """
+    from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn
+
+    verl_mode = make_nd_compute_dataproto_dispatch_fn(mesh_name)
+
+    def collect_fn(worker_group: Any, output: list[Any]) -> Any:
+        if mesh_name not in worker_group._collect_info:
+            worker_group._collect_info[mesh_name] = worker_group._query_collect_info(mesh_name)
+        mask = worker_group._collect_info[mesh_name]
+        if len(mask) != len(output):
+            raise RuntimeError(f"{len(output)} answers for a collect mask of {len(mask)} ranks on mesh {mesh_name!r}")
+        kept = [answer for answer, keep in zip(output, mask, strict=True) if keep]
+        if not all(isinstance(answer, DataProto) for answer in kept):
+            return verl_mode["collect_fn"](worker_group, output)
+        output.clear()
+        return collect(kept)
+
+    return {"dispatch_fn": verl_mode["dispatch_fn"], "collect_fn": collect_fn}

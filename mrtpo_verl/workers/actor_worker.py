@@ -6,7 +6,8 @@
 - :meth:`compute_mrtpo_relevance` (``mrtpo.replay.placement=colocated``): the replay runs in the
   actor's own processes on the actor engine's model, i.e. with exactly the weights that produced
   ``old_log_probs`` and with no second copy of the model. It is dispatched like verl's
-  ``compute_log_prob`` (by the actor's data-parallel rank) and runs inside the engine's
+  ``compute_log_prob`` (by the actor's data-parallel rank; the answers put together one rank at a time by
+  :func:`~mrtpo_verl.workers.collect.concat_releasing`) and runs inside the engine's
   ``eval_mode`` (which loads offloaded parameters and puts them back after). The model's forward
   passes are FSDP collectives, so the scorer keeps every rank's number of passes equal
   (:class:`~mrtpo_verl.replay.model_runners.ShardedModelRunner`).
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 from verl.protocol import DataProto
-from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from mrtpo_verl.batch_keys import MRTPO_BLOCK_META_KEY, RANK_TIME_METRIC
@@ -34,6 +35,7 @@ from mrtpo_verl.compat.verl import (
     engine_tokenizer,
     engine_ulysses_size,
 )
+from mrtpo_verl.workers.collect import mesh_compute_proto_releasing
 
 __all__ = ["MRTPOActorRolloutRefWorker"]
 
@@ -43,7 +45,7 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
 
     _mrtpo_replay: Any = None
 
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    @register(dispatch_mode=mesh_compute_proto_releasing("actor"))
     def compute_mrtpo_relevance(self, request: DataProto) -> DataProto | None:
         """Relevance (shard, K, L) and counters for this rank's shard, on the actor engine's model.
 

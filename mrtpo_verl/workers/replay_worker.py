@@ -2,9 +2,9 @@
 
 Run through verl's own machinery (``RayWorkerGroup`` on a ``RayResourcePool``), each worker loads
 the policy model once, receives the actor's weights when they change, and answers
-``compute_relevance`` for its data-parallel shard (``Dispatch.DP_COMPUTE_PROTO``: verl splits the
-request by rank and concatenates the answers). Its Ray actors are named
-``mrtpo_replayReplayWorker_<rank>:<i>``, so the replay shows as its own role in the Ray dashboard.
+``compute_relevance`` for its data-parallel shard (split by rank as verl's ``Dispatch.DP_COMPUTE_PROTO`` splits;
+the answers put together one rank at a time by :func:`~mrtpo_verl.workers.collect.concat_releasing`). Its Ray
+actors are named ``mrtpo_replayReplayWorker_<rank>:<i>``, so the replay shows as its own role in the Ray dashboard.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from mrtpo_verl.batch_keys import (
     TOKENS_REPLAYED_KEY,
 )
 from mrtpo_verl.config import MRTPOConfig
+from mrtpo_verl.workers.collect import DP_COMPUTE_PROTO_RELEASING
 from mrtpo_verl.workers.weight_gather import DTYPES
 
 __all__ = ["REPLAY_ROLE", "ReplayWorker"]
@@ -96,7 +97,7 @@ class ReplayWorker(Worker):
             )
         return time.perf_counter() - start
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=DP_COMPUTE_PROTO_RELEASING)
     def compute_relevance(self, request: DataProto) -> DataProto:
         """Relevance (shard, K, L) and counters for this worker's shard of the request."""
         from mrtpo_verl.replay.batch_relevance import relevance_for_request
