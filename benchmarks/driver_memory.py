@@ -3,9 +3,10 @@
 The path is the driver's, from the moment the replay ranks' answers arrive to the advantages:
 
 1. **merge**: each rank's answer (a ``DataProto`` with ``mrtpo_relevance`` (rows, K, L) float32 and the counters,
-   as ``ray.get`` hands it to the driver; synthetic: random relevance, 0 at padding), concatenated by verl's
-   ``DataProto.concat`` (what verl's ``DP_COMPUTE_PROTO`` collect runs), then put back in the request's order by
-   :func:`~mrtpo_verl.workers.balanced_split.dispatch_balanced`;
+   as ``ray.get`` hands it to the driver; synthetic: random relevance, 0 at padding), put together by the collect
+   function registered on :meth:`ReplayWorker.compute_relevance <mrtpo_verl.workers.replay_worker.ReplayWorker>`
+   (read from that registration, handed the list of answers as verl's worker-group call hands it), then put back
+   in the request's order by :func:`~mrtpo_verl.workers.balanced_split.dispatch_balanced`;
 2. **replay stage**: the rest of :meth:`~mrtpo_verl.trainer.replay_stage.ReplayStage.run` (relevance out of the
    answer, its metrics);
 3. **estimator**: the relevance put in the step's ``DataProto`` and the ``mrtpo`` estimator run through verl's own
@@ -37,6 +38,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.machine import machine_description
@@ -120,10 +122,12 @@ def build_batch(batch_size: int, num_rewards: int, length: int, prompt_length: i
 
 
 class SyntheticRanks:
-    """A DP-dispatched worker-group method as the driver sees it: verl's chunks, each rank's answer, verl's concat.
+    """A DP-dispatched worker-group method as the driver sees it: verl's chunks, each rank's answer, the collect.
 
-    Each rank answers ``mrtpo_relevance`` (rows, K, L) float32 (random, 0 where ``response_mask`` is 0) and the
-    counters, as :func:`~mrtpo_verl.replay.batch_relevance.relevance_for_request` does.
+    Each rank answers ``mrtpo_relevance`` (rows, K, L) float32 (random, 0 where ``response_mask`` is 0), the
+    counters and its time in ``meta_info["metrics"]``, as :class:`~mrtpo_verl.workers.replay_worker.ReplayWorker`
+    does. The list of answers goes to the collect function registered on ``ReplayWorker.compute_relevance``, as
+    verl's worker-group call passes the list ``ray.get`` returned.
     """
 
     def __init__(self, ranks: int, num_rewards: int, meter: PeakMeter) -> None:
@@ -135,9 +139,12 @@ class SyntheticRanks:
     def __call__(self, request: Any) -> Any:
         import torch
         from verl.protocol import DataProto
+        from verl.single_controller.base.decorator import MAGIC_ATTR
 
-        from mrtpo_verl.batch_keys import COUNTER_KEYS, RELEVANCE_KEY
+        from mrtpo_verl.batch_keys import COUNTER_KEYS, RANK_TIME_METRIC, RELEVANCE_KEY
+        from mrtpo_verl.workers.replay_worker import ReplayWorker
 
+        collect = getattr(ReplayWorker.compute_relevance, MAGIC_ATTR)["dispatch_mode"]["collect_fn"]
         self.request = request  # held to the end: the growth measured is the answer's
         self.meter.start()
         answers = []
@@ -147,8 +154,11 @@ class SyntheticRanks:
             relevance = torch.rand(len(chunk), self.num_rewards, mask.shape[1], generator=generator)
             relevance.mul_(mask[:, None, :])
             counters = {key: torch.zeros(len(chunk), dtype=torch.float64) for key in COUNTER_KEYS}
-            answers.append(DataProto.from_dict(tensors={RELEVANCE_KEY: relevance} | counters))
-        return DataProto.concat(answers)
+            answer = DataProto.from_dict(tensors={RELEVANCE_KEY: relevance} | counters)
+            answer.meta_info["metrics"] = {RANK_TIME_METRIC: 0.0}
+            answers.append(answer)
+        del relevance, answer, counters
+        return collect(SimpleNamespace(world_size=self.ranks), answers)
 
 
 class SyntheticBackend:
