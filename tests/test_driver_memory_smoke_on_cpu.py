@@ -1,7 +1,8 @@
 """Smoke test of benchmarks/driver_memory.py: ``--quick`` runs the driver's relevance path and prints every row.
 
-The path is the real one (verl's DataProto concat, dispatch_balanced, the replay stage, the estimator through verl's
-compute_advantage) on a small synthetic batch; the figures of a quick run are not measurements and are not checked.
+The path is the real one (the collect registered on the replay worker's method, dispatch_balanced, the replay stage,
+the estimator through verl's compute_advantage) on a small synthetic batch; the figures of a quick run are not
+measurements and are not checked.
 """
 
 from __future__ import annotations
