@@ -70,9 +70,13 @@ def test_every_arm_trains_and_is_evaluated(smoke: tuple[Path, subprocess.Complet
             assert "entropy" in record and "kl_old" in record
         assert ("beta" in records[1]) == (arm == "mrtpo")
     # Same seed, same data: step 0 (before any update) is evaluated on identical weights, greedily.
-    # (The sampled training batches are not compared: the hf rollout serves requests in arrival order,
-    # so the same sampler seed does not give two runs the same responses.)
-    assert records_of(out, "gdpo")[0]["eval"] == records_of(out, "mrtpo")[0]["eval"]
+    gdpo, mrtpo = records_of(out, "gdpo"), records_of(out, "mrtpo")
+    assert gdpo[0]["eval"] == mrtpo[0]["eval"]
+    # Step 1 samples from the same initial weights; under full determinism the hf rollout seeds each request
+    # by its index in the batch, so both arms sample the same responses whatever order requests arrive in:
+    # the same lengths, rewards and the actor's entropy over them (a float that any changed token would move).
+    for key in ("train", "response_length", "entropy"):
+        assert gdpo[1][key] == mrtpo[1][key], key
 
 
 @pytest.mark.slow

@@ -4,9 +4,10 @@ Shared by every arm of a seed: the data (and ``data.seed``, which fixes verl's s
 the rollout settings and ``actor_rollout_ref.rollout.seed`` (the sampler's seed), the optimiser and
 learning rate, the PPO batch sizes, KL settings, evaluation and checkpointing. Evaluation is greedy:
 ``val_kwargs`` temperature 0 with one response per prompt (``do_sample=false``), so an evaluation
-measures the policy, not the sampler's luck. The shared sampler seed does not make two runs sample
-the same responses on the CPU backend: its ``hf`` rollout serves requests in arrival order, which
-varies, so arms differ by sampling noise from step 1.
+measures the policy, not the sampler's luck. On the CPU backend verl's ``full_determinism`` is on
+(:func:`determinism_overrides`): the ``hf`` rollout seeds each request by its index in the step's batch,
+so every arm samples the same responses at step 1 (same initial weights), and a re-run of a seed
+repeats its curves; arms then differ only through their updates.
 
 CPU: verl's trainer on :mod:`mrtpo_verl.cpu_support` (:func:`mrtpo_verl.cpu_support.launch.cpu_overrides`:
 FSDP2 on gloo in fp32, the ``hf`` rollout). GPU: one node of ``n_gpus`` GPUs with verl's vLLM or
@@ -40,6 +41,7 @@ def shared_overrides(preset: Preset, task: Task, seed: int) -> list[str]:
     )
     return [
         *task.reward_overrides(),
+        *determinism_overrides(preset),
         "algorithm.use_kl_in_reward=false",
         *kl,
         f"actor_rollout_ref.actor.optim.lr={preset.lr}",
@@ -64,6 +66,23 @@ def shared_overrides(preset: Preset, task: Task, seed: int) -> list[str]:
         f"trainer.total_training_steps={preset.steps}",
         "trainer.project_name=mrtpo_learning",
         *preset.extra,
+    ]
+
+
+def determinism_overrides(preset: Preset) -> list[str]:
+    """verl's ``full_determinism`` for the CPU ``hf`` rollout and the actor: a re-run gives the same curves.
+
+    With it the ``hf`` server samples each request from its own seed (the sample's index in the step,
+    the weights loaded so far, ``rollout.seed``) instead of one stream in arrival order, and verl's
+    engine turns on torch's deterministic algorithms. Not set for vLLM/SGLang: verl then gives every
+    request of a replica the same sampling seed, and a group of ``n`` identical prompts would sample
+    ``n`` identical responses.
+    """
+    if preset.rollout != "hf":
+        return []
+    return [
+        "actor_rollout_ref.rollout.full_determinism=true",
+        "actor_rollout_ref.actor.fsdp_config.full_determinism=true",
     ]
 
 

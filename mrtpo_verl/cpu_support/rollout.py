@@ -18,11 +18,15 @@ verl 0.9.1 has two registries for a rollout backend, and this module fills both 
 The server generates with ``model.generate`` one request at a time (CPU), sampling with the
 request's temperature / top-p / top-k, at most ``rollout.response_length`` new tokens.
 
-Reproducible sampling (verl's ``rollout.full_determinism=True``): verl's agent loops then name each
-request ``det-<priority>``, the sample's index in the step's batch. The server samples each request
-from the random stream of :func:`request_seed` (rollout seed, weights loaded so far, request id),
-not from one stream shared in arrival order, so a sample does not depend on which agent-loop worker
-or replica asked first, and the same seed and data give the same responses run after run.
+Reproducible sampling (verl's ``rollout.full_determinism=True``): the server samples each request
+from its own seed, :func:`request_seed`, not from one stream shared in arrival order, so a sample does
+not depend on which agent-loop worker asked first, and the same seed and data give the same responses
+run after run. What names a sample: the rollout seed, the weights loaded so far, the request id (verl's
+agent loops send ``det-<priority>``), the prompt's tokens, and how many requests with the same id and
+prompt this server has sampled on these weights. The last two are needed because verl's v1 trainers
+give every response of a prompt (and every prompt without a ``priority`` field) the same id, ``det-0``;
+the ``n`` responses of one prompt are then told apart by their order among themselves, which verl keeps
+(its sessions ``0..n-1`` are started in order, and requests take this server's lock in arrival order).
 
 Partial rollouts (verl's ``colocate_async``/``separate_async``): ``abort_all_requests`` stops the
 request being generated after its current token (a ``StoppingCriteria`` reads the abort flag) and
@@ -41,6 +45,9 @@ import logging
 import os
 import threading
 import time
+from array import array
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -68,14 +75,25 @@ ROLLOUT_NAME = "hf"
 WEIGHTS_LOADED = "hf rollout: loaded weights"
 
 
-def request_seed(seed: int, weight_version: int, global_steps: int | None, request_id: str) -> int:
+def request_seed(
+    seed: int,
+    weight_version: int,
+    global_steps: int | None,
+    request_id: str,
+    prompt_ids: Sequence[int] = (),
+    occurrence: int = 0,
+) -> int:
     """Seed of one request's sampling under full determinism: a 63-bit hash of what names the sample.
 
-    ``weight_version`` (loads so far) and ``global_steps`` make a step's ``det-<i>`` differ from the
-    previous step's; the hash (BLAKE2b) does not depend on the process, unlike Python's ``hash``.
+    ``weight_version`` (loads so far) and ``global_steps`` make a step's requests differ from the previous
+    step's; ``occurrence`` (the how-manieth request with this id and prompt on these weights) tells apart
+    the responses of one prompt that arrive under one id. The hash (BLAKE2b) does not depend on the
+    process, unlike Python's ``hash``.
     """
-    key = f"{seed}|{weight_version}|{global_steps}|{request_id}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(f"{seed}|{weight_version}|{global_steps}|{request_id}|{occurrence}|".encode())
+    digest.update(array("q", prompt_ids).tobytes())
+    return int.from_bytes(digest.digest(), "little") >> 1
 
 
 def server_name(replica_rank: int) -> str:
@@ -120,6 +138,9 @@ class HFLLMServer:
         self.response_length = response_length
         self.global_steps: int | None = None
         self.weight_version = 0
+        # Requests seen per (id, prompt) on the current weights (full determinism's occurrence count).
+        self._occurrences: Counter[tuple[str, tuple[int, ...]]] = Counter()
+        self._occurrences_on: tuple[int, int | None] = (self.weight_version, None)
         self._lock = asyncio.Lock()
         self._eos_ids = _eos_ids(self.model, self.tokenizer)
         # Partial rollout: the gate is open while generation may run; the flag stops the running request.
@@ -144,12 +165,24 @@ class HFLLMServer:
             await self._gate.wait()
             async with self._lock:  # one request at a time: the CPU is the bottleneck anyway
                 if self._gate.is_set():  # not paused while this request queued for the lock
-                    return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params), request_id)
+                    seed = self._sample_seed(request_id, prompt_ids) if self.full_determinism else None
+                    return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params), seed)
+
+    def _sample_seed(self, request_id: str, prompt_ids: Sequence[int]) -> int:
+        """This request's :func:`request_seed`, counting it among the same (id, prompt) on these weights."""
+        weights = (self.weight_version, self.global_steps)
+        if weights != self._occurrences_on:
+            self._occurrences.clear()
+            self._occurrences_on = weights
+        key = (request_id, tuple(prompt_ids))
+        occurrence = self._occurrences[key]
+        self._occurrences[key] += 1
+        return request_seed(self.seed, *weights, request_id, prompt_ids, occurrence)
 
     def _version(self) -> dict[str, Any]:
         return {"global_steps": self.global_steps}
 
-    def _generate(self, prompt_ids: list[int], params: dict[str, Any], request_id: str = "") -> TokenOutput:
+    def _generate(self, prompt_ids: list[int], params: dict[str, Any], seed: int | None = None) -> TokenOutput:
         max_new = params.pop("max_tokens", params.pop("max_new_tokens", None))
         if max_new is None:
             max_new = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
@@ -174,9 +207,9 @@ class HFLLMServer:
         input_ids = torch.tensor([prompt_ids], dtype=torch.long)
         # transformers samples from torch's global generator; under full determinism it is set to the
         # request's own seed for this call and restored after (one request runs at a time).
-        with torch.random.fork_rng(devices=[], enabled=self.full_determinism), torch.inference_mode():
-            if self.full_determinism:
-                torch.manual_seed(request_seed(self.seed, self.weight_version, self.global_steps, request_id))
+        with torch.random.fork_rng(devices=[], enabled=seed is not None), torch.inference_mode():
+            if seed is not None:
+                torch.manual_seed(seed)
             out = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
