@@ -37,6 +37,11 @@ Tables:
 3. *Worst case per instruction id at the cap*: every supported instruction id of the packaged
    IFEval/IFBench data, on adversarial answers of ``reward_fns.total.MAX_RESPONSE_CHARS`` (256 Ki
    characters), one call at a time through the pool with the default 5 s deadline.
+4. *Worst case checked in the calling thread*: every supported instruction id on adversarial answers
+   of ``INLINE_MAX_CHECKED_CHARS`` characters (the longest one-constraint answer that
+   ``reward_fns.instruction_following.verifier`` checks in the calling thread, without a deadline),
+   one call at a time, each answer the fastest of 3 calls (a descheduled call is the machine, not the
+   check); then the three slowest ids in one prompt on answers a third as long.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ import torch
 from benchmarks.machine import Row, machine_description
 from reward_fns import dispatch
 from reward_fns.ground_truths import validate_row
+from reward_fns.instruction_following import verifier as if_verifier
 from reward_fns.instruction_following.checkers import UNSUPPORTED, UnsupportedConstraintError
 from reward_fns.instruction_following.data import BENCHMARK_FILES, load_benchmark, parse_ground_truth
 from reward_fns.process_pool.deadline import DEFAULT_TIMEOUT_S
@@ -71,10 +77,18 @@ from reward_fns.tool_calling.render import render_tool_call_blocks
 from reward_fns.total import MAX_RESPONSE_CHARS, GroundTruthError, timeouts_key
 
 FAMILIES = ("text_to_sql", "tool_calling", "instruction_following")
-TABLES = ("gold", "fairness", "caps")
+TABLES = ("gold", "fairness", "caps", "inline")
 SLOW_ANSWERS, ORDINARY_ANSWERS = 8, 56
 FAIRNESS_DEADLINE_S = {"text_to_sql": 1.0, "tool_calling": 0.05, "instruction_following": 1.0}
 CAP_UNITS = ("Hi. ", "word ", "word\n\n", "*** ", "{[(", "x" * 1_000 + " ", "<<a>> ", "P.S. a, b.\n")
+# Short answers are checked in the calling thread: their worst case comes from many tiny sentences
+# (NLTK's per-sentence cost) and from long runs that regular expressions backtrack over.
+INLINE_UNITS = (
+    *CAP_UNITS,
+    *(". ", ".\n", "1. ", '". ', "'. ", "(.) ", ". . ", "a.", "ABC DEF. ", "a ", "Hello world. ", "* ", "- ", "```\n"),
+    *("Question 1. ", "A. a\n", "a, b and c. ", "Dr. Smith came. ", "\U0001f600. ", "a@", "http://a ", '"a!'),
+)
+INLINE_RUNS = (" ", "\n", "\t", " \n", "<", "*", "-", "a!")  # "x" + a run of one of these + "x"
 
 
 @dataclass(frozen=True)
@@ -379,6 +393,72 @@ def cap_rows(limit: int | None, size: int) -> list[Row]:
     return rows
 
 
+def inline_answers(size: int) -> list[tuple[str, str]]:
+    """(label, answer of `size` characters): `INLINE_UNITS` repeated, and `INLINE_RUNS` between two letters."""
+    answers = [(f"{unit[:12]!r} repeated", (unit * (size // len(unit) + 1))[:size]) for unit in INLINE_UNITS]
+    for run in INLINE_RUNS:
+        body = (run * (size // len(run) + 1))[: size - 2]
+        answers.append((f"'x' + {run!r} * n + 'x'", f"x{body}x"))
+    return answers
+
+
+def slowest_call(record: dict[str, Any], answers: list[tuple[str, str]], tries: int = 3) -> tuple[float, str]:
+    """The slowest answer's seconds through `dispatch.compute_score` (each answer: fastest of `tries`)."""
+    slowest = (0.0, "")
+    for label, answer in answers:
+        best = math.inf
+        for _ in range(tries):
+            started = time.perf_counter()
+            result = dispatch.compute_score("ifeval", answer, record, {})
+            best = min(best, time.perf_counter() - started)
+        if result["reward/instruction_following/timeouts"] or result["reward/instruction_following/internal_errors"]:
+            raise RuntimeError(f"{label}: an answer checked in the calling thread timed out or failed")
+        slowest = max(slowest, (best, label))
+    return slowest
+
+
+def inline_rows(limit: int | None, shown: int = 12) -> list[Row]:
+    """Worst time per instruction id of an answer checked in the calling thread, at the routing rule's
+    limit: one constraint and `INLINE_MAX_CHECKED_CHARS` characters; then the three slowest ids in one
+    prompt with a third of it each. The `shown` slowest ids are listed, then the slowest of the rest."""
+    cap = if_verifier.INLINE_MAX_CHECKED_CHARS
+    answers = inline_answers(cap)
+    worst: list[tuple[float, str, str]] = []
+    for instruction_id, record in list(instruction_records().items())[:limit]:
+        try:
+            dispatch.compute_score("ifeval", "probe", record, {})
+        except UnsupportedConstraintError:
+            continue  # arguments the checker would draw at random: refused for every response
+        seconds, label = slowest_call(record, answers)
+        worst.append((seconds, instruction_id, label))
+    worst.sort(reverse=True)
+    three = [instruction_id for _, instruction_id, _ in worst[:3]]
+    records = [instruction_records()[instruction_id] for instruction_id in three]
+    combined = {
+        "instruction_id_list": three,
+        "kwargs": [record["kwargs"][0] for record in records],
+        "prompt": records[0]["prompt"],
+    }
+    combined_s, combined_label = slowest_call(combined, inline_answers(cap // len(three)))
+
+    def row(seconds: float, what: str) -> Row:
+        return Row(
+            "instruction_following in-thread worst case",
+            what,
+            f"{seconds * 1e3:.1f} ms",
+            f"{DEFAULT_TIMEOUT_S:g} s",
+            "the default deadline",
+            f"{seconds / DEFAULT_TIMEOUT_S:.4f}",
+        )
+
+    rows = [row(s, f"{instruction_id}, {cap:,} chars of {label}") for s, instruction_id, label in worst[:shown]]
+    if len(worst) > shown:
+        rest_s, rest_id, rest_label = worst[shown]
+        rows.append(row(rest_s, f"slowest of the other {len(worst) - shown} ids: {rest_id}, {rest_label}"))
+    rows.append(row(combined_s, f"{' + '.join(three)}, {cap // len(three):,} chars of {combined_label}"))
+    return rows
+
+
 def table_lines(rows: list[Row]) -> list[str]:
     header = Row("measurement", "mix", "ours", "baseline", "baseline is", "baseline / ours or ours / bound")
     fields = list(Row.__dataclass_fields__)
@@ -436,6 +516,11 @@ def main(argv: list[str] | None = None) -> None:
             print("\nWorst case per instruction id at the cap (one call at a time, default deadline):")
             cap_limit, cap_size = (3, 16 * 1024) if quick else (None, MAX_RESPONSE_CHARS)
             for text in table_lines(cap_rows(cap_limit, cap_size)):
+                print(text, flush=True)
+        if "inline" in tables:
+            cap = if_verifier.INLINE_MAX_CHECKED_CHARS
+            print(f"\nChecked in the calling thread (length x constraints <= {cap:,}): worst case per instruction id:")
+            for text in table_lines(inline_rows(3 if quick else None)):
                 print(text, flush=True)
     finally:
         loop.close()

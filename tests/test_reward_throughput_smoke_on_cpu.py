@@ -41,6 +41,10 @@ def test_quick_run_prints_every_table(capsys: pytest.CaptureFixture[str]) -> Non
         assert "2/2 timeouts, 0 gold scores changed" in row[2], row
         assert float(row[2].split(" s;")[0]) > 0 and float(row[3].rstrip(" s")) > 0
 
-    worst = table(lines, "worst case")
+    worst = table(lines, "| instruction_following worst case")
     assert len(worst) == 3
     assert all(float(row[2].split(" s")[0]) < 6.0 for row in worst)
+
+    in_thread = table(lines, "in-thread worst case")
+    assert len(in_thread) == 4  # three instruction ids, then the three in one prompt
+    assert all(0.0 < float(row[2].split(" ms")[0]) < 1000.0 for row in in_thread)

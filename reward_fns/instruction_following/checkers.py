@@ -99,6 +99,7 @@ class ConstraintResult:
 
 _logger = logging.getLogger(__name__)
 _registry_lock = threading.Lock()
+_random_lock = threading.Lock()
 
 
 @functools.cache
@@ -300,15 +301,21 @@ _PROBE_SEEDS = (0, 1)
 def _build_once(
     instruction_id: str, kwargs: Mapping[str, Any], seed: int
 ) -> tuple[InstructionChecker, str, Mapping[str, Any]]:
-    """A checker built with ``random`` seeded to ``seed`` (the caller's random state is restored after)."""
-    state = random.getstate()
-    try:
-        random.seed(seed)
-        checker = checker_registry()[instruction_id](instruction_id)  # type: ignore[call-arg]
-        description = checker.build_description(**kwargs)
-        return checker, description, checker.get_instruction_args() or {}
-    finally:
-        random.setstate(state)
+    """A checker built with ``random`` seeded to ``seed`` (the caller's random state is restored after).
+
+    One build at a time in the process: checks run in several threads of the reward process, and two
+    interleaved seed-and-restore pairs would leave the process's random state seeded.
+    """
+    checker_class = checker_registry()[instruction_id]
+    with _random_lock:
+        state = random.getstate()
+        try:
+            random.seed(seed)
+            checker = checker_class(instruction_id)  # type: ignore[call-arg]
+            description = checker.build_description(**kwargs)
+            return checker, description, checker.get_instruction_args() or {}
+        finally:
+            random.setstate(state)
 
 
 def _reject_randomised_arguments(

@@ -5,22 +5,45 @@ of a batch, so a prompt's constraints are laid out in a fixed number of slots
 ``if_c0 .. if_c{N-1}`` (``N = max_constraints``), each with its verifier-information
 string ``if_c{i}_info``.
 
-The checkers run in this family's worker pool (``reward_fns.process_pool``) under the reward's
-wall-clock deadline ``timeout_s``: several IFBench checkers take seconds on a hostile 100 KiB
-answer (NLTK's tokenizers on tens of thousands of sentences), and a thread cannot be stopped.
+Where a response is checked (:func:`checked_in_thread`): when its length times its prompt's number of
+constraints is at most :data:`INLINE_MAX_CHECKED_CHARS`, in the calling thread; otherwise in this
+family's worker pool (``reward_fns.process_pool``) under the reward's wall-clock deadline ``timeout_s``.
+Several checkers take seconds on a hostile 100 KiB answer (NLTK's tokenizers on tens of thousands of
+sentences, regular expressions that backtrack over long runs) and a thread cannot be stopped, but
+each check is at most quadratic in the response, so a short one is bounded: see
+:data:`INLINE_MAX_CHECKED_CHARS` and ``docs/reward_fns.md``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Mapping
 from typing import Any
 
-from reward_fns.instruction_following.checkers import ConstraintResult, UnsupportedConstraintError, check_constraint
-from reward_fns.instruction_following.data import PromptConstraints, parse_ground_truth
+from reward_fns.instruction_following.checkers import (
+    UNSUPPORTED,
+    ConstraintResult,
+    UnsupportedConstraintError,
+    check_constraint,
+    checker_registry,
+)
+from reward_fns.instruction_following.data import BENCHMARK_FILES, PromptConstraints, load_benchmark, parse_ground_truth
 from reward_fns.process_pool.deadline import DEFAULT_TIMEOUT_S, DeadlineSettings, run_task
-from reward_fns.total import total_over_responses
+from reward_fns.total import VerifierFaultError, total_over_responses
 
 TASKS_MODULE = "reward_fns.instruction_following.tasks"
+
+INLINE_MAX_CHECKED_CHARS = 1024
+"""Most characters checked in the calling thread: a response is checked there when its length times its
+prompt's number of constraints is at most this. Every check's time grows at most with the square of
+the response's length (linearly for all but a few regular expressions), so the sum over the
+constraints is at most the slowest single check of a response this long. The slowest found over
+adversarial answers for every instruction id (``python -m benchmarks.reward_throughput --tables inline``)
+is NLTK word-tokenising 512 one-character sentences (IFBench's ``words:words_position`` and
+``format:title_case``, IFEval's ``change_case:capital_word_frequency``): 38 ms on a lightly loaded
+2-core machine, 70-90 ms at load average 10: under 2 % of the default 5 s deadline. The typical check
+(0.16 ms) costs less than a pool round trip; 97 % of IFEval's prompts echoed as answers fit."""
 
 MAX_CONSTRAINTS = 3
 """Default number of constraint slots: the most instructions any prompt has in the
@@ -127,8 +150,9 @@ def compute_score(
         ground_truth: The prompt's constraints, schema in :mod:`.data` (dict or JSON string).
         extra_info: Unused; accepted for verl's reward-function signature.
         max_constraints: Number of constraint slots, the same for the whole run.
-        timeout_s: Wall-clock deadline for checking the response (all its constraints); past it the
-            response scores 0 and ``reward/instruction_following/timeouts`` is 1.
+        timeout_s: Wall-clock deadline for checking a response that :func:`checked_in_thread` sends to the
+            pool (all its constraints); past it the response scores 0 and
+            ``reward/instruction_following/timeouts`` is 1.
         isolation: ``"process"`` (the family's worker pool; the default) or ``"inprocess"`` (no
             deadline; for measuring the pool's cost only).
         sandbox_workers: Worker processes of the pool (default ``min(32, os.cpu_count() + 4)``).
@@ -145,6 +169,8 @@ def compute_score(
             ``max_constraints``.
         UnsupportedConstraintError: A constraint the checker libraries cannot check
             faithfully (see ``checkers.UNSUPPORTED``).
+        reward_fns.total.VerifierFaultError: The checker libraries or their data cannot be loaded
+            (in this process for a short response, in the pool's workers for a long one).
     """
     settings = DeadlineSettings.from_kwargs(timeout_s, isolation, sandbox_workers, sandbox_memory_bytes)
     prompt_constraints = parse_ground_truth(ground_truth)
@@ -154,10 +180,73 @@ def compute_score(
         "prompt": prompt_constraints.prompt,
     }
     request = {"ground_truth": plain, "response": solution_str, "max_constraints": max_constraints}
+    if checked_in_thread(solution_str, len(prompt_constraints.constraints)):
+        load_checkers_here()
+        return score_response(plain, solution_str, max_constraints)
     outcome = run_task(TASKS_MODULE, "instruction-following", "score", request, settings)
     if "unsupported" in outcome:
         raise UnsupportedConstraintError(outcome["unsupported"])
     return outcome["scores"]  # type: ignore[no-any-return]
+
+
+def checked_in_thread(response: Any, constraint_count: int) -> bool:
+    """Whether a response is checked in the calling thread: its length times the prompt's number of
+    constraints is at most :data:`INLINE_MAX_CHECKED_CHARS` (a non-string goes to the pool)."""
+    return isinstance(response, str) and len(response) * max(1, constraint_count) <= INLINE_MAX_CHECKED_CHARS
+
+
+_load_lock = threading.Lock()
+_loaded_here = threading.Event()
+
+
+def load_checkers_here() -> None:
+    """Loads the checker libraries into this process once, as the pool's zygote does for its workers.
+
+    The first call imports both libraries, writes NLTK's Punkt model if it is missing and checks a short
+    answer against every instruction id (NLTK's lazy loads), about 2 s; concurrent first calls wait for it.
+
+    Raises:
+        reward_fns.total.VerifierFaultError: A library or its data cannot be loaded; raised on every call
+            until one succeeds, never scored as 0.
+    """
+    if _loaded_here.is_set():
+        return
+    with _load_lock:
+        if _loaded_here.is_set():
+            return
+        try:
+            checker_registry()
+        except Exception as error:
+            raise VerifierFaultError(
+                "reward_fns.instruction_following: the checker libraries cannot be loaded in the reward "
+                f"process ({type(error).__name__}: {error}); this is a fault of the verifier's installation "
+                "or data, not of the responses"
+            ) from error
+        warm_up()
+        _loaded_here.set()
+
+
+WARM_UP_RESPONSE = "Hello world. This is a short answer, with a comma.\n\nP.S. Done."
+
+
+def warm_up() -> None:
+    """Checks a short answer once against one constraint of every supported instruction id.
+
+    Run once by the pool's zygote before it forks (``reward_fns.process_pool.zygote``) and once by
+    :func:`load_checkers_here` in the reward process: the loads a first check makes lazily (NLTK's
+    tokenizers: about 0.1 s in all) then happen once, in one thread. A check that raises here is left
+    to raise again on a real answer.
+    """
+    seen: set[str] = set()
+    for benchmark in BENCHMARK_FILES:
+        for record in load_benchmark(benchmark):
+            for constraint in parse_ground_truth(record).constraints:
+                if constraint.instruction_id in seen or constraint.instruction_id in UNSUPPORTED:
+                    continue
+                seen.add(constraint.instruction_id)
+                truth = {"instruction_id_list": [constraint.instruction_id], "kwargs": [dict(constraint.kwargs)]}
+                with contextlib.suppress(Exception):
+                    score_response({**truth, "prompt": record["prompt"]}, WARM_UP_RESPONSE, 1)
 
 
 def score_response(ground_truth: Mapping[str, Any], response: str, max_constraints: int) -> dict[str, float | str]:

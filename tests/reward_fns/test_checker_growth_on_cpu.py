@@ -8,6 +8,9 @@ take at most ``GROWTH_SLACK`` times eight the small response's time, plus a floo
 a quadratic check (IFBench's own ``format:line_indent`` takes 4 s at 100 KiB) would take 64 times.
 The instruction ids are every supported id of the packaged IFEval and IFBench prompt files; the
 tool-calling categories are BFCL's ten single-turn AST categories.
+
+Answers short enough to be checked in the calling thread (no deadline there) must stay cheap at the
+routing limit, and the deadline must hold on both sides of it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ GROWTH_SLACK = 3.0  # linear-ish: up to 3x the proportional time (caches, alloca
 NOISE_FLOOR_S = 0.05
 DEADLINE_S = 1.0
 INLINE_BUDGET_S = 0.05  # a hundredth of the default deadline
+# Instruction following's in-thread checks, in CPU seconds of the checking thread (a loaded machine
+# stretches wall time, not the check's own work): the slowest measured is about 40 ms.
+IF_INLINE_CPU_BUDGET_S = 0.1
 DEADLINE_MARGIN_S = 0.5
 
 GROWN = settings(
@@ -130,10 +136,39 @@ def test_every_instruction_id_of_the_packaged_data_is_covered() -> None:
 @example(unit="word\n\n")  # short paragraphs: two of IFBench's own checks are quadratic on them
 @example(unit="Hi. ")  # many sentences: NLTK's tokenizers, linear but the slowest
 @example(unit="P.S. a, b.\n")
+@example(unit=".\n")  # one-character sentences: NLTK's per-sentence cost, the slowest in-thread answer
 @given(unit=adversarial_unit)
 def test_instruction_checking_time_is_linear_in_the_response(instruction_id: str, unit: str) -> None:
     record = instruction_records()[instruction_id]
     assert_linear_ish(lambda response: if_verifier.score_response(record, response, 1), unit, instruction_id)
+    # The longest one-constraint answer checked in the calling thread must stay cheap.
+    inline = grown(unit, if_verifier.INLINE_MAX_CHECKED_CHARS)
+    assert if_verifier.checked_in_thread(inline, 1)
+    assert min(cpu_seconds(record, inline) for _ in range(3)) < IF_INLINE_CPU_BUDGET_S, (instruction_id, unit[:40])
+
+
+def cpu_seconds(record: dict[str, Any], response: str) -> float:
+    """CPU time of the calling thread for one in-thread check through the family's compute_score."""
+    started = time.thread_time()
+    result = if_verifier.compute_score("ifeval", response, record, {})
+    assert result["reward/instruction_following/timeouts"] == 0.0
+    return time.thread_time() - started
+
+
+# Runs that regular expressions backtrack over (``^\s*\*`` from every line start, ``<<[^\n]+>>``, ...),
+# quadratic in the run's length; a repeated unit cannot make them (a blank answer is not checked).
+RUNS = (" ", "\n", "\t", " \n", "<", "<<", "*", "-", "a!", '"', "Question 1")
+
+
+@pytest.mark.parametrize("instruction_id", INSTRUCTION_IDS)
+def test_long_runs_at_the_in_thread_limit_stay_cheap(instruction_id: str) -> None:
+    record = instruction_records()[instruction_id]
+    size = if_verifier.INLINE_MAX_CHECKED_CHARS
+    for run in RUNS:
+        for response in (f"x{grown(run, size - 2)}x", f"{grown(run, size - 1)}x", f'"{grown(run, size - 1)}'):
+            assert if_verifier.checked_in_thread(response, 1)
+            spent = min(cpu_seconds(record, response) for _ in range(2))
+            assert spent < IF_INLINE_CPU_BUDGET_S, (instruction_id, response[:40], spent)
 
 
 tool_unit = st.one_of(
@@ -194,7 +229,8 @@ def test_the_slowest_instruction_answers_return_within_the_deadline(
     fresh_pools: Any, instruction_id: str, unit: str
 ) -> None:
     record = instruction_records()[instruction_id]
-    dispatch.compute_score("ifeval", "warm-up", record, {}, timeout_s=DEADLINE_S, sandbox_workers=1)
+    warm_up = grown(unit, if_verifier.INLINE_MAX_CHECKED_CHARS + 1)  # long enough to go to the pool, which starts now
+    dispatch.compute_score("ifeval", warm_up, record, {}, timeout_s=DEADLINE_S, sandbox_workers=1)
     response = grown(unit, MAX_RESPONSE_CHARS)
     started = time.monotonic()
     result = dispatch.compute_score("ifeval", response, record, {}, timeout_s=DEADLINE_S, sandbox_workers=1)
@@ -217,3 +253,45 @@ def test_the_slowest_tool_answer_returns_within_the_deadline(fresh_pools: Any) -
     result = dispatch.compute_score("bfcl", response, truth, {}, timeout_s=0.05, sandbox_workers=1)
     assert time.monotonic() - started <= 0.05 + DEADLINE_MARGIN_S
     assert result["score"] == 0.0 and result["reward/tool_calling/timeouts"] == 1.0
+
+
+# The three slowest checks at the in-thread limit (``benchmarks.reward_throughput --tables inline``).
+SLOWEST_IN_THREAD = ("words:words_position", "change_case:capital_word_frequency", "format:title_case")
+TINY_DEADLINE_S = 0.001  # far below each check's own time: only a check in the pool can run past it
+
+
+def combined_record(instruction_ids: tuple[str, ...]) -> dict[str, Any]:
+    records = [instruction_records()[instruction_id] for instruction_id in instruction_ids]
+    return {
+        "instruction_id_list": list(instruction_ids),
+        "kwargs": [record["kwargs"][0] for record in records],
+        "prompt": records[0]["prompt"],
+    }
+
+
+@pytest.mark.parametrize("constraints", [1, 3])
+def test_the_deadline_holds_just_under_and_just_over_the_in_thread_limit(fresh_pools: Any, constraints: int) -> None:
+    record = combined_record(SLOWEST_IN_THREAD[:constraints])
+    longest_in_thread = if_verifier.INLINE_MAX_CHECKED_CHARS // constraints
+    under, over = grown(".\n", longest_in_thread), grown(".\n", longest_in_thread + 1)
+    assert if_verifier.checked_in_thread(under, constraints) and not if_verifier.checked_in_thread(over, constraints)
+    pool_start = grown("x", MAX_RESPONSE_CHARS)
+    dispatch.compute_score("ifeval", pool_start, record, {}, timeout_s=DEADLINE_S, sandbox_workers=1)
+    expected = if_verifier.score_response(record, under, 3)
+
+    # Just under: checked in this thread, where no deadline applies; scored as the checkers score it.
+    started = time.monotonic()
+    result = dispatch.compute_score("ifeval", under, record, {}, timeout_s=TINY_DEADLINE_S, sandbox_workers=1)
+    assert time.monotonic() - started <= TINY_DEADLINE_S + DEADLINE_MARGIN_S
+    assert result["reward/instruction_following/timeouts"] == 0.0
+    assert {key: result[key] for key in expected} == expected
+
+    # Just over: checked in the pool, under the deadline, which this check cannot meet.
+    started = time.monotonic()
+    result = dispatch.compute_score("ifeval", over, record, {}, timeout_s=TINY_DEADLINE_S, sandbox_workers=1)
+    assert time.monotonic() - started <= TINY_DEADLINE_S + DEADLINE_MARGIN_S
+    assert result["reward/instruction_following/timeouts"] == 1.0 and result["score"] == 0.0
+    # With a deadline it can meet, the same answer scores as the checkers score it.
+    result = dispatch.compute_score("ifeval", over, record, {}, timeout_s=DEADLINE_S, sandbox_workers=1)
+    assert result["reward/instruction_following/timeouts"] == 0.0
+    assert {key: result[key] for key in expected} == if_verifier.score_response(record, over, 3)

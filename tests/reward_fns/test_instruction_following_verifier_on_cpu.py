@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import random
 import socket
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,8 +23,10 @@ from reward_fns.instruction_following import (
     UnsupportedConstraintError,
     compute_score,
     reward_keys,
+    verifier,
 )
 from reward_fns.instruction_following.data import load_benchmark
+from reward_fns.process_pool.pool import close_shared_pool, shared_pool
 
 LOWERCASE = ("change_case:english_lowercase", {})
 AT_LEAST_300_WORDS = ("length_constraints:number_words", {"relation": "at least", "num_words": 300})
@@ -257,3 +261,36 @@ def test_score_is_the_mean_of_the_non_empty_slots(constraints: list, response: s
     assert scores["score"] == pytest.approx(sum(filled) / len(filled))
     assert all(scores[key] in (0.0, 1.0) for key in keys)
     assert all(scores[key] == EMPTY_SLOT_SCORE for key in keys[len(constraints) :])
+
+
+def test_short_answers_checked_in_many_threads_score_as_the_pools_workers_score_them() -> None:
+    # verl's reward loop calls compute_score from several threads at once; short answers are then
+    # checked in those threads, and must score exactly as a worker process scores them.
+    pairs = []
+    for record in load_benchmark("ifeval"):
+        constraints = len(record["instruction_id_list"])
+        answer = record["prompt"][: verifier.INLINE_MAX_CHECKED_CHARS // constraints]
+        try:
+            compute_score("ifeval", answer, record)
+        except UnsupportedConstraintError:
+            continue  # arguments a checker would draw at random: refused for every answer
+        assert verifier.checked_in_thread(answer, constraints)
+        pairs.append((record, answer))
+        if len(pairs) == 64:
+            break
+    random_state = random.getstate()
+    with ThreadPoolExecutor(max_workers=8) as executor:
+        threaded = list(executor.map(lambda pair: compute_score("ifeval", pair[1], pair[0]), pairs * 2))
+    # Checkers are built with `random` seeded, one at a time: the process's own random state is untouched.
+    assert random.getstate() == random_state
+    close_shared_pool()
+    try:
+        pool = shared_pool(verifier.TASKS_MODULE, 2, label="instruction-following")
+        for (record, answer), result in zip(pairs * 2, threaded, strict=True):
+            truth = {key: record[key] for key in ("instruction_id_list", "kwargs", "prompt")}
+            request = {"ground_truth": truth, "response": answer, "max_constraints": MAX_CONSTRAINTS}
+            in_pool = pool.call("score", request, 30.0)["scores"]
+            assert {key: result[key] for key in in_pool} == in_pool
+            assert result["reward/instruction_following/timeouts"] == 0.0
+    finally:
+        close_shared_pool()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 
 from reward_fns import dispatch, total
+from reward_fns.instruction_following import verifier as if_verifier
 from reward_fns.instruction_following.data import load_benchmark
 from reward_fns.process_pool import pool as process_pool
 from reward_fns.process_pool.pool import PoolBrokenError, WorkerPool, WorkerStartError, close_shared_pool
@@ -42,13 +45,43 @@ def test_a_pool_whose_workers_cannot_find_their_checker_data_stops_the_call(
     blocker.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "cache"))
     record = next(iter(load_benchmark("ifeval")))
+    long_answer = "Hello. " * if_verifier.INLINE_MAX_CHECKED_CHARS  # too long for the calling thread: the pool
+    assert not if_verifier.checked_in_thread(long_answer, len(record["instruction_id_list"]))
     started = time.monotonic()
     with pytest.raises(VerifierFaultError, match=r"no instruction-following worker process could start in 3 attempts"):
-        dispatch.compute_score("ifeval", record["prompt"], record, {"index": 0}, sandbox_workers=1)
+        dispatch.compute_score("ifeval", long_answer, record, {"index": 0}, sandbox_workers=1)
     assert time.monotonic() - started < 60.0
     # Loud on every later call too, never a silent 0.
     with pytest.raises(WorkerStartError):
-        dispatch.compute_score("ifeval", "Hello.", record, {"index": 1}, sandbox_workers=1)
+        dispatch.compute_score("ifeval", long_answer + "!", record, {"index": 1}, sandbox_workers=1)
+
+
+def test_a_reward_process_that_cannot_load_the_checkers_stops_short_answers_too(tmp_path: Path) -> None:
+    # A short answer is checked in the reward process itself, which must then write NLTK's Punkt model
+    # under $XDG_CACHE_HOME; a fresh process (this one may have written it already) with a file in the way.
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    script = (
+        "from reward_fns import dispatch\n"
+        "from reward_fns.instruction_following.data import load_benchmark\n"
+        "from reward_fns.total import VerifierFaultError\n"
+        "record = next(iter(load_benchmark('ifeval')))\n"
+        "for index in range(2):\n"
+        "    try:\n"
+        "        result = dispatch.compute_score('ifeval', 'Hello.', record, {'index': index})\n"
+        "    except VerifierFaultError as error:\n"
+        "        print('LOUD', str(error).splitlines()[0])\n"
+        "    else:\n"
+        "        print('SCORED', result['score'])\n"
+    )
+    environment = {**os.environ, "XDG_CACHE_HOME": str(blocker / "cache")}
+    finished = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=300, check=True
+    )
+    lines = [line for line in finished.stdout.splitlines() if line.startswith(("LOUD", "SCORED"))]
+    assert len(lines) == 2 and all(line.startswith("LOUD") for line in lines), finished.stdout + finished.stderr
+    assert "checker libraries cannot be loaded in the reward process" in lines[0]
+    assert "not-a-folder" in lines[0]
 
 
 def test_an_sql_pool_that_cannot_start_stops_the_call_instead_of_scoring_zero(
