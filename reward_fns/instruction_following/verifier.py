@@ -41,8 +41,9 @@ the response's length (linearly for all but a few regular expressions), so the s
 constraints is at most the slowest single check of a response this long. The slowest found over
 adversarial answers for every instruction id (``python -m benchmarks.reward_throughput --tables inline``)
 is NLTK word-tokenising 512 one-character sentences (IFBench's ``words:words_position`` and
-``format:title_case``, IFEval's ``change_case:capital_word_frequency``): 38 ms on a lightly loaded
-2-core machine, 70-90 ms at load average 10: under 2 % of the default 5 s deadline. The typical check
+``format:title_case``, IFEval's ``change_case:capital_word_frequency``): 36-45 ms of CPU; in wall time
+38 ms on a lightly loaded 2-core machine and at most 0.23 s at load average 10, a twentieth of the
+default 5 s deadline. The typical check
 (0.16 ms) costs less than a pool round trip; 97 % of IFEval's prompts echoed as answers fit."""
 
 MAX_CONSTRAINTS = 3
