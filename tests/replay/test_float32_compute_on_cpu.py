@@ -19,6 +19,7 @@ from benchmarks.replay_numerics import agreement
 from mrtpo_verl.config import MRTPOConfigError, ReplayConfig
 from mrtpo_verl.replay.contexts import ReplayContexts
 from mrtpo_verl.replay.float32_compute import float32_compute
+from mrtpo_verl.replay.model_loading import cast_parameters
 from mrtpo_verl.replay.scorer import ReplayScorer, cache_bytes_per_token
 
 pytestmark = pytest.mark.slow
@@ -26,10 +27,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def models(smollm2: tuple[Any, Any]) -> dict[str, Any]:
-    """The float32 model, its bf16 copy, and a float32 model holding the bf16-rounded weights."""
+    """The float32 model, its bf16 copy (parameters only, as clusters run it), and a float32 model holding the
+    bf16-rounded weights."""
     model32, _ = smollm2
-    model16 = copy.deepcopy(model32).to(torch.bfloat16).eval()
-    rounded = copy.deepcopy(model16).to(torch.float32).eval()
+    model16 = cast_parameters(copy.deepcopy(model32), torch.bfloat16).eval()
+    rounded = cast_parameters(copy.deepcopy(model16), torch.float32).eval()
     return {"fp32": model32, "bf16": model16, "bf16 weights in fp32": rounded}
 
 

@@ -11,7 +11,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from mrtpo_verl.replay.model_loading import EMBEDDED_GGUF_FILE, _resolve_source, embedded_model_dir, load_causal_lm
+from mrtpo_verl.replay.model_loading import (
+    EMBEDDED_GGUF_FILE,
+    _resolve_source,
+    cast_parameters,
+    embedded_model_dir,
+    load_causal_lm,
+)
 
 
 def test_embedded_model_dir_holds_the_gguf_file() -> None:
@@ -66,3 +72,21 @@ def test_local_hf_folder_loads_with_dtype_and_gets_a_pad_token(smollm2: tuple[An
     assert next(model.parameters()).dtype == torch.bfloat16
     assert loaded_tokenizer.pad_token is not None
     assert loaded_tokenizer.pad_token == loaded_tokenizer.eos_token
+
+
+def test_cast_parameters_lowers_the_weights_and_keeps_rope_frequencies_in_float32() -> None:
+    """bf16 as from_pretrained(dtype=bf16) and FSDP's param_dtype give it; ``model.to`` would round inv_freq too."""
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config)
+    frequencies = model.model.rotary_emb.inv_freq.clone()
+    assert frequencies.dtype == torch.float32
+    assert not torch.equal(frequencies.bfloat16().float(), frequencies)  # rounding them would change them
+
+    assert cast_parameters(model, torch.bfloat16) is model
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.bfloat16}
+    assert torch.equal(model.model.rotary_emb.inv_freq, frequencies)
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    # The contrast: model.to(bf16) rounds the float32 buffers with the weights.
+    assert model.to(torch.bfloat16).model.rotary_emb.inv_freq.dtype == torch.bfloat16

@@ -10,6 +10,7 @@ import torch
 
 from benchmarks.replay_numerics import EXTRA_PADDING, FamilyNumerics, agreement, noise_floor, report
 from mrtpo_verl.replay.contexts import ReplayContexts
+from mrtpo_verl.replay.model_loading import cast_parameters
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ def test_bf16_noise_floor_is_visible(
     """The same context computed two ways in bf16 differs far more than in float32 (rounding of another order)."""
     model, _ = smollm2
     full, lengths = full_sequences
-    noise = noise_floor(copy.deepcopy(model).to(torch.bfloat16), full, lengths)
+    noise = noise_floor(cast_parameters(copy.deepcopy(model), torch.bfloat16), full, lengths)
     assert max(max(values) for values in noise.values()) > 1e-3
 
 
