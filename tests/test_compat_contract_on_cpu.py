@@ -644,6 +644,67 @@ def test_fsdp2_input_cast_is_turned_off_and_restored() -> None:
     assert seen == str(["torch.bfloat16", "torch.float32", "float32 input reached the bf16 layer", "torch.bfloat16"])
 
 
+#: Run in its own process (a one-rank gloo group). Float32 masters under bf16 mixed precision, the root owning the
+#: first layer's parameters and the second layer sharded on its own, as verl shards decoder layers.
+FSDP_GATHER_AS_STORED_PROBE = """
+import tempfile
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from mrtpo_verl.compat.torch_fsdp import gathered_as_stored
+
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+plain.load_state_dict(model.state_dict())
+policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+fully_shard(model[1], mp_policy=policy)
+fully_shard(model, mp_policy=policy, reshard_after_forward=False)
+fresh = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))  # its first forward: inside the block
+fresh.load_state_dict(plain.state_dict())
+fully_shard(fresh[1], mp_policy=policy)
+fully_shard(fresh, mp_policy=policy)
+seen = []
+# Registered after FSDP's pre-forward (which FSDP prepends): the weight as gathered for this call.
+model[1].register_forward_pre_hook(lambda module, args: seen.append(str(module.weight.dtype)))
+x = torch.randn(2, 4)
+with torch.no_grad():
+    before = model(x)
+    with gathered_as_stored(model):
+        inside = model(x)
+        again = model(x)
+    after = model(x)
+    with gathered_as_stored(fresh):
+        fresh_inside = fresh(x)
+    fresh_after = fresh(x)
+print(seen)
+print(before.dtype, inside.dtype)
+print(torch.equal(inside, plain(x)), torch.equal(again, inside), torch.equal(after, before))
+print(torch.equal(fresh_inside, inside), torch.equal(fresh_after, before))
+dist.destroy_process_group()
+"""
+
+
+@covers("torch_fsdp.gathered_as_stored")
+def test_fsdp2_gathers_float32_masters_as_float32_inside_and_as_bf16_after() -> None:
+    """Inside the context the layers get their float32 shards gathered as float32 and float32 inputs (the output is
+    the unsharded float32 model's, bit for bit); before and after, the bf16 gather and cast (the same output), also
+    for a model whose first forward (FSDP's lazy initialisation) ran inside the context."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FSDP_GATHER_AS_STORED_PROBE], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    weights, dtypes, same, fresh = done.stdout.strip().splitlines()[-4:]
+    assert weights == str(["torch.bfloat16", "torch.float32", "torch.float32", "torch.bfloat16"])
+    assert dtypes == "torch.bfloat16 torch.float32"
+    assert same == "True True True"
+    assert fresh == "True True"  # FSDP's lazy initialisation ran inside the block: the bf16 gather still follows
+
+
 @covers("omegaconf.written_value", "omegaconf.WrittenValue")
 def test_config_values_as_written() -> None:
     from mrtpo_verl.compat.omegaconf import WrittenValue, written_value

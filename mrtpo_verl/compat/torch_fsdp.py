@@ -1,4 +1,5 @@
-"""FSDP details: a module's wrapped module, keeping an FSDP2 module's parameters gathered, its input casts."""
+"""FSDP details: a module's wrapped module, keeping an FSDP2 module's parameters gathered, its input casts, the
+dtype its parameters are gathered in."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 __all__ = [
     "first_fsdp2_module",
     "forward_inputs_uncast",
+    "gathered_as_stored",
     "is_fsdp2",
     "keep_unsharded",
     "reshard",
@@ -77,3 +79,62 @@ def forward_inputs_uncast(root: nn.Module) -> Iterator[None]:
     finally:
         for state, policy in saved:
             state._mp_policy = policy
+
+
+@contextmanager
+def gathered_as_stored(root: nn.Module) -> Iterator[None]:
+    """Within the block, every FSDP2 module under ``root`` all-gathers its parameters in the dtype its shards are
+    stored in (verl's float32 master weights), not in its mixed-precision ``param_dtype``, and casts no forward
+    inputs to ``param_dtype``; restored after.
+
+    Each module is resharded (local, frees gathered parameters) on entry and on exit, so that the buffers a gather
+    fills are made anew in the stored dtype at the block's first gather, and the ``param_dtype`` buffers FSDP keeps
+    for reuse come back unchanged after it. A gather inside the block moves the stored dtype's bytes (twice bf16's
+    for float32 shards). Shards stored in ``param_dtype`` (verl's ``model_dtype=bf16``) gather as before.
+
+    Relies on: ``FSDPModule._get_fsdp_state()``, the state's ``_mp_policy`` (read by the input cast at each call) and
+    ``_fsdp_param_group`` (None for a module without
+    parameters of its own) with ``mp_policy`` (read when the group is lazily initialised, at the root's first
+    forward) and ``fsdp_params``; each ``FSDPParam``'s ``param_dtype`` (None: gather as stored; set from a policy
+    by ``init_dtype_attrs``, as lazy initialisation does), ``all_gather_outputs`` (the gather's buffers,
+    made at the first gather in that gather's dtype and reused after) and ``_unsharded_param`` (the gathered
+    parameter viewing those buffers, made at the first gather), torch 2.6–2.13.
+    """
+    modules = [module for module in root.modules() if is_fsdp2(module)]
+    states = [module._get_fsdp_state() for module in modules]
+    groups = [group for group in (state._fsdp_param_group for state in states) if group]
+    missing = object()
+    saved_states = [(state, state._mp_policy) for state in states]
+    saved_groups = [(group, group.mp_policy) for group in groups]
+    saved_params = [
+        (param, policy, param.all_gather_outputs, param.__dict__.get("_unsharded_param", missing))
+        for group, policy in saved_groups
+        for param in group.fsdp_params
+    ]
+    for module in modules:
+        module.reshard()
+    try:
+        for state, policy in saved_states:  # no cast of the modules' inputs to param_dtype either
+            state._mp_policy = dataclasses.replace(policy, param_dtype=None)
+        for group, policy in saved_groups:
+            group.mp_policy = dataclasses.replace(policy, param_dtype=None)
+        for param, _, _, _ in saved_params:
+            param.param_dtype = None
+            param.all_gather_outputs = []
+            param.__dict__.pop("_unsharded_param", None)
+        yield
+    finally:
+        for module in modules:
+            module.reshard()
+        for state, policy in saved_states:
+            state._mp_policy = policy
+        for group, policy in saved_groups:
+            group.mp_policy = policy
+        for param, policy, outputs, unsharded in saved_params:
+            # As the group's lazy initialisation sets it, also where that ran inside the block (the first forward).
+            param.init_dtype_attrs(policy)
+            param.all_gather_outputs = outputs
+            if unsharded is missing:
+                param.__dict__.pop("_unsharded_param", None)
+            else:
+                param._unsharded_param = unsharded

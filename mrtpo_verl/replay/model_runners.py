@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mrtpo_verl.compat.torch_fsdp import first_fsdp2_module, keep_unsharded, reshard
+from mrtpo_verl.compat.torch_fsdp import first_fsdp2_module, gathered_as_stored, keep_unsharded, reshard
 from mrtpo_verl.compat.transformers import cache_from_layers, full_attention_cache_layers
 
 __all__ = ["LocalModelRunner", "ModelRunner", "PeerFailed", "PrefixCache", "ShardedModelRunner"]
@@ -144,6 +144,12 @@ class ModelRunner:
 
     def release_peers_after_failure(self, error: BaseException | None = None) -> None:
         """This rank failed with ``error``; let the other ranks stop too (local: there are none)."""
+
+    def weights_as_stored(self) -> Any:
+        """A context in which forward calls use the weights as they are stored, not cast to a lower compute dtype
+        (a sharded runner: its float32 master shards gathered as float32; local: the model's own weights, nothing
+        to do). Entered outside :meth:`scoring`, so that the weights scoring gathers are gathered so too."""
+        return nullcontext()
 
     @contextmanager
     def scoring(self) -> Iterator[None]:
@@ -361,6 +367,11 @@ class ShardedModelRunner(ModelRunner):
                 "placement — use mrtpo.replay.placement=dedicated"
             )
         return F.linear(hidden, weight, self.lm_head.bias)
+
+    def weights_as_stored(self) -> Any:
+        """FSDP2 gathers the shards in their stored dtype (verl's float32 masters under bf16 mixed precision: twice
+        the bytes of a bf16 gather) and casts no layer inputs, for the block's passes; restored after (local)."""
+        return gathered_as_stored(self.model)
 
     def begin_call(self) -> None:
         """Start of one replay request on this rank: it has not yet met the other ranks."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
@@ -167,7 +167,9 @@ class ReplayScorer:
             in). Only one of the two may be given.
         compute_dtype: ``"fp32"``: every forward pass and the LM head compute in float32 whatever the weights'
             dtype (:mod:`~mrtpo_verl.replay.float32_compute`; bf16 weights are upcast at each use, an outer
-            autocast is turned off); ``"model"``: in the model's own dtype / the runner's autocast dtype.
+            autocast is turned off), with the weights as stored (a sharded runner gathers its float32 master shards
+            as float32, :meth:`ModelRunner.weights_as_stored`); ``"model"``: in the model's own dtype / the runner's
+            autocast dtype, with the weights as the engine gathers them.
 
     Attributes:
         max_cache_tokens: the token budget in force (0 without sharing: no cache is held).
@@ -284,7 +286,7 @@ class ReplayScorer:
         # failed earlier meets the others here and they all stop (see ShardedModelRunner).
         every_rank_runs = self.runner.agree_on_micro_batches(calls)
         if every_rank_runs:
-            with self.runner.scoring(), self._computing():
+            with self._weights(), self.runner.scoring(), self._computing():
                 for _ in range(every_rank_runs - calls):
                     self.runner.idle_forward()
                 remaining: dict[int, int] = {}
@@ -301,6 +303,11 @@ class ReplayScorer:
             torch.cuda.synchronize(relevance.device)
         stats.wall_time_s = time.perf_counter() - start
         return ReplayResult(relevance=relevance, stats=stats)
+
+    def _weights(self) -> Any:
+        """For ``compute_dtype="fp32"``, the weights as stored (a sharded model's float32 masters, not their bf16
+        gather: then relevance is the float32 model's), else as the engine computes with them."""
+        return self.runner.weights_as_stored() if self.compute_dtype == "fp32" else nullcontext()
 
     @contextmanager
     def _computing(self) -> Iterator[None]:

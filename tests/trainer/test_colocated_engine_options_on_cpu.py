@@ -134,6 +134,12 @@ def test_bf16_mixed_precision_replays_in_float32(ray_cluster, tied_model) -> Non
         bf16_compute = relevance_of(group, real_sql_batch(), in_bf16)
     model, tokenizer = load_causal_lm(str(path), dtype=torch.bfloat16)
     in_process_fp32_compute = in_process_relevance(model, tokenizer, real_sql_batch())
+    # verl's engine builds a model_dtype=bf16 module with module.to(bf16), which also rounds the float32 buffers,
+    # RoPE's inv_freq among them (from_pretrained(dtype=bf16) keeps them float32): the same model in process.
+    as_engine_casts = load_causal_lm(str(path), dtype=torch.float32)[0].to(torch.bfloat16)
+    torch.testing.assert_close(
+        float32_compute, in_process_relevance(as_engine_casts, tokenizer, real_sql_batch()), atol=1e-5, rtol=0
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16):
         in_process_bf16 = in_process_relevance(model, tokenizer, real_sql_batch(), compute_dtype="model")
     drift = {
@@ -143,8 +149,32 @@ def test_bf16_mixed_precision_replays_in_float32(ray_cluster, tied_model) -> Non
         "in-process, bf16 compute": float((in_process_bf16 - fp32).abs().max()),
     }
     print(f"q - fp32 q, max |diff| (mean q {fp32.mean():.4f}): {drift}")
-    # Measured: colocated 0.0025, in-process 0.0012, against 0.030 / 0.035 computed in bf16 (what separates the
-    # two float32 computes by ~1e-3 is not pinned down: both use the same bf16 weights).
+    # Measured: colocated 0.0025, in-process 0.0012, against 0.030 / 0.035 computed in bf16 (the two float32
+    # computes differ by the rounded inv_freq, checked above).
     assert drift["colocated, fp32 compute"] <= 0.01
     assert drift["colocated, fp32 compute"] <= drift["colocated, bf16 compute"] / 4
     assert 0 < drift["colocated, bf16 compute"] <= 2 * drift["in-process, bf16 compute"]
+
+
+def test_bf16_mixed_precision_over_float32_masters_replays_the_float32_model(ray_cluster, tied_model) -> None:
+    """verl's default for a trained actor: float32 master shards (``model_dtype`` fp32), gathered in bf16 for every
+    forward (``mixed_precision.param_dtype=bf16``), under bf16 autocast.
+
+    With ``compute_dtype=fp32`` (the default) the replay gathers the masters as float32 and computes in float32: the
+    float32 model's relevance (1e-5), where bf16-gathered weights would leave their rounding (about 0.005-0.01 on
+    the families' batches, ``benchmarks.replay_numerics``). With ``compute_dtype=model`` it gathers and computes as
+    verl's forward does. A ``model`` request before and after the float32 one gives the same tensor bit for bit:
+    FSDP's bf16 gather is restored."""
+    path, fp32 = tied_model
+    in_bf16 = dataclasses.replace(CFG, replay=dataclasses.replace(CFG.replay, compute_dtype="model"))
+    options = (f"+{FSDP}.mixed_precision.param_dtype=bf16",)
+    with started_actor_group(path, options, name="masters_test") as group:
+        assert group.engine_facts()[0]["autocast"] == "torch.bfloat16"
+        bf16_before = relevance_of(group, real_sql_batch(), in_bf16)
+        float32 = relevance_of(group, real_sql_batch())
+        bf16_after = relevance_of(group, real_sql_batch(), in_bf16)
+    drift = {"float32 masters": float((float32 - fp32).abs().max()), "bf16": float((bf16_before - fp32).abs().max())}
+    print(f"max |q - fp32 q|: {drift}")
+    torch.testing.assert_close(float32, fp32, atol=1e-5, rtol=0)
+    assert drift["bf16"] > 1e-3  # bf16 gather and compute move q (else this test could not fail)
+    assert torch.equal(bf16_after, bf16_before)
