@@ -38,6 +38,7 @@ __all__ = [
     "build_backend",
     "create_replay_worker_group",
     "dead_workers",
+    "dedicated_weights_dtype",
     "workers_per_node",
 ]
 
@@ -227,6 +228,18 @@ def actor_compute_dtype(config: Any) -> str:
     return next(name for name, torch_dtype in DTYPES.items() if torch_dtype == dtype)
 
 
+def dedicated_weights_dtype(replay: Any, config: Any) -> str:
+    """The dtype the dedicated workers hold and receive the actor's weights in (a ``DTYPES`` name).
+
+    ``replay.dedicated_dtype`` when set; with ``auto``, float32 when the replay computes in float32 (the float32
+    model's relevance, as the colocated replay gathers verl's float32 master shards; an actor whose weights are
+    stored in bf16 then sends them exactly, at twice the bytes), else the actor's compute dtype.
+    """
+    if replay.dedicated_dtype != "auto":
+        return str(replay.dedicated_dtype)
+    return "fp32" if replay.compute_dtype == "fp32" else actor_compute_dtype(config)
+
+
 def build_backend(trainer: Any, cfg: MRTPOConfig) -> Any:
     """The backend ``mrtpo.replay.placement`` asks for, for a running verl trainer."""
     if cfg.replay.placement == "colocated":
@@ -234,9 +247,7 @@ def build_backend(trainer: Any, cfg: MRTPOConfig) -> Any:
     device = cfg.replay.dedicated_device
     if device == "auto":
         device = "cuda" if str(trainer.config.trainer.get("device", "cuda")) == "cuda" else "cpu"
-    dtype = cfg.replay.dedicated_dtype
-    if dtype == "auto":
-        dtype = actor_compute_dtype(trainer.config)
+    dtype = dedicated_weights_dtype(cfg.replay, trainer.config)
     per_node = workers_per_node(cfg.replay.dedicated_workers, int(trainer.config.trainer.nnodes))
     group = create_replay_worker_group(
         cfg, trainer.config.actor_rollout_ref.model.path, per_node, device, cfg.replay.dedicated_cpus_per_worker, dtype

@@ -45,8 +45,8 @@ class ReplayWorker(Worker):
         model_path: a local HF model directory, or None for the embedded SmolLM2-135M-Instruct.
         device: "cpu" or "cuda".
         torch_threads: intra-op threads on CPU (None = torch's default).
-        dtype: the model's dtype, ``fp32`` | ``bf16`` | ``fp16`` (the driver passes the actor's compute dtype unless
-            ``mrtpo.replay.dedicated_dtype`` says otherwise).
+        dtype: the model's dtype, ``fp32`` | ``bf16`` | ``fp16`` (the driver passes
+            :func:`~mrtpo_verl.workers.placement.dedicated_weights_dtype`).
     """
 
     def __init__(

@@ -55,7 +55,7 @@ def test_the_dedicated_pool_starts_exactly_the_configured_number_of_workers(work
     assert sum(workers_per_node(workers, nnodes)) == workers
 
 
-def test_dedicated_workers_load_in_the_actors_compute_dtype_unless_told() -> None:
+def test_dedicated_workers_load_in_float32_or_the_actors_compute_dtype_unless_told() -> None:
     from mrtpo_verl.workers.placement import actor_compute_dtype
 
     def config(mixed_precision):
@@ -65,5 +65,12 @@ def test_dedicated_workers_load_in_the_actors_compute_dtype_unless_told() -> Non
     assert actor_compute_dtype(config(None)) == "bf16"  # verl's FSDP default without a mixed_precision block
     assert actor_compute_dtype(config({"param_dtype": "fp32"})) == "fp32"
     assert actor_compute_dtype(config({"param_dtype": "float16"})) == "fp16"
+    # auto: float32 weights for the float32 compute (the default), the actor's compute dtype for compute_dtype=model.
+    from mrtpo_verl.workers.placement import dedicated_weights_dtype
+
+    assert dedicated_weights_dtype(ReplayConfig(), config(None)) == "fp32"
+    assert dedicated_weights_dtype(ReplayConfig(compute_dtype="model"), config(None)) == "bf16"
+    assert dedicated_weights_dtype(ReplayConfig(compute_dtype="model", dedicated_dtype="fp16"), config(None)) == "fp16"
+    assert dedicated_weights_dtype(ReplayConfig(dedicated_dtype="bf16"), config(None)) == "bf16"
     with pytest.raises(MRTPOConfigError, match=r"replay.dedicated_dtype: got 'int8' .*auto \| fp32 \| bf16 \| fp16"):
         ReplayConfig(dedicated_dtype="int8").validate()
