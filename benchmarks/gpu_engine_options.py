@@ -15,9 +15,15 @@ import torch
 
 MODEL, ACTOR, FSDP = "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.actor.fsdp_config"
 BF16 = (f"{FSDP}.model_dtype=bf16", f"+{FSDP}.mixed_precision.param_dtype=bf16")
+#: verl's default for a trained actor: float32 master shards gathered in bf16 (flash attention, verl's default).
+MASTERS = (
+    f"+{FSDP}.mixed_precision.param_dtype=bf16",
+    f"+{MODEL}.override_config.attn_implementation=flash_attention_2",
+)
 #: option name → (engine overrides, largest accepted |q - q_plain|[, mrtpo.replay.compute_dtype]). The replay
-#: computes in float32 by default, so a bf16 engine moves q by its weights' rounding only; ``model`` computes in
-#: the engine's dtype (bf16 noise, faster): its time next to the float32 compute's is the price of the default.
+#: computes in float32 by default, on float32 weights where the engine stores them so (the masters gathered as
+#: float32, flash attention replaced by sdpa), else on the bf16 weights (their rounding only); ``tf32`` with TF32
+#: matmuls; ``model`` in the engine's dtype (bf16 noise, faster): the times side by side are the price of each.
 OPTIONS: dict[str, tuple[tuple[str, ...], float] | tuple[tuple[str, ...], float, str]] = {
     "use_fused_kernels, triton backend": (
         (
@@ -38,6 +44,9 @@ OPTIONS: dict[str, tuple[tuple[str, ...], float] | tuple[tuple[str, ...], float,
     ),
     "param_offload + optimizer_offload": ((f"{FSDP}.param_offload=true", f"{FSDP}.optimizer_offload=true"), 1e-4),
     "offload_policy (FSDP2 CPUOffloadPolicy)": ((f"{FSDP}.offload_policy=true",), 1e-4),
+    "bf16 mixed precision over float32 masters, flash_attention_2 (verl's default)": (MASTERS, 1e-4),
+    "the same, compute_dtype=tf32": (MASTERS, 0.02, "tf32"),
+    "the same, compute_dtype=model": (MASTERS, 0.1, "model"),
     "bf16 (model_dtype + mixed precision)": (BF16, 0.01),
     "bf16, compute_dtype=model": (BF16, 0.06, "model"),
     "fp16 (model_dtype + mixed precision)": (

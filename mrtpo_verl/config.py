@@ -35,9 +35,12 @@ PREFIX_SCHEDULES = ("auto", "two_levels", "tree")
 DEVICES = ("auto", "cpu", "cuda")
 #: Dtype of a dedicated replay worker's model; auto = the actor's compute dtype (its FSDP mixed-precision param_dtype).
 DEDICATED_DTYPES = ("auto", "fp32", "bf16", "fp16")
-#: What the replay computes in: fp32 whatever the weights' dtype (bf16 weights upcast at each use), or the
-#: model's own compute dtype (the engine's autocast / the dedicated model's dtype).
-COMPUTE_DTYPES = ("fp32", "model")
+#: What the replay computes in: fp32 whatever the weights' dtype (bf16 weights upcast at each use, IEEE float32
+#: matmuls), tf32 (the same, with TF32 tensor-core matmuls on CUDA; fp32 elsewhere), or the model's own compute
+#: dtype (the engine's autocast / the dedicated model's dtype).
+COMPUTE_DTYPES = ("fp32", "tf32", "model")
+#: The compute dtypes that compute in float32 (with the weights as stored).
+FLOAT32_COMPUTE_DTYPES = ("fp32", "tf32")
 #: What the advantage step does with a prompt group that lacks some of its ``rollout.n`` responses.
 INCOMPLETE_GROUP_POLICIES = ("normalise", "error")
 #: Key/value-cache bytes one prefix-sharing forward call may hold when neither ``replay.max_cache_bytes`` nor

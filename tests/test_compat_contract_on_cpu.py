@@ -705,6 +705,32 @@ def test_fsdp2_gathers_float32_masters_as_float32_inside_and_as_bf16_after() -> 
     assert fresh == "True True"  # FSDP's lazy initialisation ran inside the block: the bf16 gather still follows
 
 
+@covers("transformers.float32_capable_attention")
+def test_flash_attention_is_replaced_by_sdpa_for_the_block_and_restored() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mrtpo_verl.compat.transformers import float32_capable_attention
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config).eval()
+    for implementation in ("sdpa", "eager", "flex_attention"):  # these compute in float32: left alone
+        model.config._attn_implementation_internal = implementation
+        with float32_capable_attention(model) as replaced:
+            assert replaced == [] and model.config._attn_implementation == implementation
+    # transformers checks flash kernels at construction, so the implementation is set on the built model.
+    model.config._attn_implementation_internal = "flash_attention_2"
+    with float32_capable_attention(model) as replaced:
+        assert replaced == ["flash_attention_2"]
+        assert model.config._attn_implementation == "sdpa"
+        assert model.model.layers[0].self_attn.config._attn_implementation == "sdpa"  # read at every forward
+    assert model.config._attn_implementation == "flash_attention_2"
+    with pytest.raises(RuntimeError), float32_capable_attention(model):
+        raise RuntimeError("a failing pass")
+    assert model.config._attn_implementation == "flash_attention_2"
+
+
 @covers("omegaconf.written_value", "omegaconf.WrittenValue")
 def test_config_values_as_written() -> None:
     from mrtpo_verl.compat.omegaconf import WrittenValue, written_value

@@ -1,12 +1,15 @@
-"""transformers detail: the ``DynamicCache`` layout a shared prefix's key/value cache is kept in."""
+"""transformers details: the ``DynamicCache`` layout a shared prefix's key/value cache is kept in, and the attention
+implementation a model's forward runs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-__all__ = ["cache_from_layers", "full_attention_cache_layers"]
+__all__ = ["cache_from_layers", "float32_capable_attention", "full_attention_cache_layers"]
 
 KeyValue = tuple[torch.Tensor, torch.Tensor]
 
@@ -42,3 +45,43 @@ def cache_from_layers(layers: tuple[KeyValue, ...], rows: int) -> Any:
     from transformers.cache_utils import DynamicCache
 
     return DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in layers])
+
+
+def _half_precision_only(implementation: Any) -> bool:
+    """Flash attention kernels (``flash_attention_2``/``_3``, hub kernels named ``...flash...``) take fp16/bf16 only;
+    eager, ``sdpa`` and ``flex_attention`` take float32."""
+    return isinstance(implementation, str) and "flash" in implementation.lower()
+
+
+@contextmanager
+def float32_capable_attention(model: Any) -> Iterator[list[str]]:
+    """Within the block, a model whose attention implementation takes fp16/bf16 only (flash attention: verl's
+    default ``attn_implementation``) runs PyTorch's ``sdpa`` instead, which computes in float32 too; restored
+    after. Yields the implementations replaced (empty: nothing changed).
+
+    Relies on: transformers ≥ 4.56 reading ``config._attn_implementation`` at every forward (attention layers and
+    mask builders), stored in ``_attn_implementation_internal`` on each config and sub-config (set here directly,
+    without the property's recursion, so each restores to its own value).
+    """
+    from transformers import PretrainedConfig
+
+    configs: dict[int, Any] = {}
+    pending = [
+        module.config for module in model.modules() if isinstance(getattr(module, "config", None), PretrainedConfig)
+    ]
+    while pending:
+        config = pending.pop()
+        if id(config) in configs:
+            continue
+        configs[id(config)] = config
+        pending += [getattr(config, key, None) for key in getattr(config, "sub_configs", {})]
+        pending = [c for c in pending if isinstance(c, PretrainedConfig)]
+    replaced = [c for c in configs.values() if _half_precision_only(getattr(c, "_attn_implementation_internal", None))]
+    saved = [(config, config._attn_implementation_internal) for config in replaced]
+    try:
+        for config, _ in saved:
+            config._attn_implementation_internal = "sdpa"
+        yield sorted({str(implementation) for _, implementation in saved})
+    finally:
+        for config, implementation in saved:
+            config._attn_implementation_internal = implementation

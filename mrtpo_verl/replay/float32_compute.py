@@ -16,6 +16,10 @@ float32 model's only by the weights' own rounding (max |Δq| ≈ 0.002–0.003 o
 
 Each weight is upcast when it is used and dropped after, so the extra memory is one layer's largest weight in
 float32; the LM head's weight, used once per chunk of response positions, is upcast once per context.
+
+The context also sets torch's float32 matmul precision for its block (restored after): ``"highest"`` (IEEE float32,
+whatever the run set globally, e.g. ``"medium"`` would let float32 matmuls run in bf16), or with ``tf32=True`` and
+a CUDA device ``"high"`` (TF32 tensor cores: inputs rounded to 10 mantissa bits, float32 accumulation).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["LOW_PRECISION", "Float32Compute", "float32_compute"]
+__all__ = ["LOW_PRECISION", "Float32Compute", "float32_compute", "matmul_precision", "matmul_precision_for"]
 
 #: Floating dtypes this context computes in float32 instead.
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -95,13 +99,40 @@ class Float32Compute(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def matmul_precision_for(device_type: str, tf32: bool) -> str:
+    """torch's float32 matmul precision for the replay: ``"high"`` (TF32) only for ``tf32`` on CUDA, where tensor
+    cores read TF32; ``"highest"`` otherwise (a CPU keeps IEEE float32, so its relevance stays the reference's)."""
+    return "high" if tf32 and device_type == "cuda" else "highest"
+
+
 @contextmanager
-def float32_compute(device_type: str, keep_upcast: torch.Tensor | None = None) -> Iterator[None]:
-    """Autocast off on ``device_type`` and :class:`Float32Compute` on, for the block's forward passes.
+def matmul_precision(precision: str) -> Iterator[None]:
+    """``torch.set_float32_matmul_precision(precision)`` for the block; the previous setting restored after."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@contextmanager
+def float32_compute(
+    device_type: str, keep_upcast: torch.Tensor | None = None, tf32: bool = False, upcast: bool = True
+) -> Iterator[None]:
+    """Autocast off on ``device_type``, :class:`Float32Compute` on and the float32 matmul precision set
+    (:func:`matmul_precision_for`), for the block's forward passes.
 
     Args:
         device_type: ``"cuda"``, ``"cpu"``, ...: the device whose autocast is turned off.
         keep_upcast: see :class:`Float32Compute`.
+        tf32: TF32 matmuls on CUDA.
+        upcast: False for a model that already computes in float32 (float32 weights, no autocast): then only the
+            matmul precision is set, without the mode's per-call dispatch.
     """
-    with torch.autocast(device_type=device_type, enabled=False), Float32Compute(keep_upcast):
-        yield
+    with matmul_precision(matmul_precision_for(device_type, tf32)):
+        if not upcast:
+            yield
+            return
+        with torch.autocast(device_type=device_type, enabled=False), Float32Compute(keep_upcast):
+            yield

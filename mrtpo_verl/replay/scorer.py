@@ -21,7 +21,14 @@ from typing import Any, Protocol
 import torch
 
 from mrtpo_verl.compat.torch_fsdp import forward_inputs_uncast
-from mrtpo_verl.config import COMPUTE_DTYPES, DEFAULT_MAX_CACHE_BYTES, PREFIX_SCHEDULES, ReplayConfig
+from mrtpo_verl.compat.transformers import float32_capable_attention
+from mrtpo_verl.config import (
+    COMPUTE_DTYPES,
+    DEFAULT_MAX_CACHE_BYTES,
+    FLOAT32_COMPUTE_DTYPES,
+    PREFIX_SCHEDULES,
+    ReplayConfig,
+)
 from mrtpo_verl.math.relevance import js_distance_one_to_many
 from mrtpo_verl.replay.float32_compute import float32_compute
 from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner, PrefixCache
@@ -165,8 +172,9 @@ class ReplayScorer:
             (None: ``DEFAULT_MAX_CACHE_BYTES``); the token budget is ``max_cache_bytes //``
             :func:`cache_bytes_per_token` of the model (its config, and the dtype its keys and values are computed
             in). Only one of the two may be given.
-        compute_dtype: ``"fp32"``: every forward pass and the LM head compute in float32 whatever the weights'
-            dtype (:mod:`~mrtpo_verl.replay.float32_compute`; bf16 weights are upcast at each use, an outer
+        compute_dtype: ``"fp32"`` / ``"tf32"``: every forward pass and the LM head compute in float32 whatever
+            the weights' dtype (:mod:`~mrtpo_verl.replay.float32_compute`; ``"tf32"``: TF32 tensor-core matmuls on
+            CUDA, IEEE float32 matmuls elsewhere; bf16 weights are upcast at each use, an outer
             autocast is turned off), with the weights as stored (a sharded runner gathers its float32 master shards
             as float32, :meth:`ModelRunner.weights_as_stored`); ``"model"``: in the model's own dtype / the runner's
             autocast dtype, with the weights as the engine gathers them.
@@ -249,7 +257,7 @@ class ReplayScorer:
             return max_cache_tokens
         if not self.share_prefix:
             return 0  # no prefix cache is ever held
-        cache_dtype = torch.float32 if self.compute_dtype == "fp32" else _cache_dtype(self.runner)
+        cache_dtype = torch.float32 if self.compute_dtype in FLOAT32_COMPUTE_DTYPES else _cache_dtype(self.runner)
         per_token = cache_bytes_per_token(getattr(self.model, "config", None), cache_dtype)
         return max(1, (DEFAULT_MAX_CACHE_BYTES if max_cache_bytes is None else max_cache_bytes) // per_token)
 
@@ -305,25 +313,34 @@ class ReplayScorer:
         return ReplayResult(relevance=relevance, stats=stats)
 
     def _weights(self) -> Any:
-        """For ``compute_dtype="fp32"``, the weights as stored (a sharded model's float32 masters, not their bf16
+        """For the float32 compute dtypes, the weights as stored (a sharded model's float32 masters, not their bf16
         gather: then relevance is the float32 model's), else as the engine computes with them."""
-        return self.runner.weights_as_stored() if self.compute_dtype == "fp32" else nullcontext()
+        if self.compute_dtype in FLOAT32_COMPUTE_DTYPES:
+            return self.runner.weights_as_stored()
+        return nullcontext()
 
     @contextmanager
     def _computing(self) -> Iterator[None]:
-        """Float32 compute for ``compute_dtype="fp32"`` (entered inside the runner's scoring, so after its
-        autocast and with the LM head's weight as scoring gathered it), else nothing. A float32 model held
-        whole already computes in float32: the mode would only add its per-call dispatch."""
-        if self.compute_dtype != "fp32" or self.runner.computes_in_float32():
+        """Float32 compute for ``compute_dtype`` fp32 / tf32 (entered inside the runner's scoring, so after its
+        autocast and with the LM head's weight as scoring gathered it), else nothing. A float32 model held whole
+        already computes in float32: only the matmul precision is set, without the mode's per-call dispatch."""
+        if self.compute_dtype not in FLOAT32_COMPUTE_DTYPES:
             yield
             return
-        head = getattr(self.runner, "lm_head", None)
-        # FSDP2 with mixed precision casts each sharded layer's inputs (the residual stream) to bf16: not here.
-        with (
-            forward_inputs_uncast(self.model),
-            float32_compute(self.device.type, keep_upcast=getattr(head, "weight", None)),
-        ):
-            yield
+        tf32 = self.compute_dtype == "tf32"
+        # Flash attention (verl's default attn_implementation) takes bf16/fp16 only: sdpa for these passes.
+        with float32_capable_attention(self.model):
+            if self.runner.computes_in_float32():
+                with float32_compute(self.device.type, tf32=tf32, upcast=False):
+                    yield
+                return
+            head = getattr(self.runner, "lm_head", None)
+            # FSDP2 with mixed precision casts each sharded layer's inputs (the residual stream) to bf16: not here.
+            with (
+                forward_inputs_uncast(self.model),
+                float32_compute(self.device.type, keep_upcast=getattr(head, "weight", None), tf32=tf32),
+            ):
+                yield
 
     def _plan_levels(self, tree: PrefixNode) -> list[list[list[_Row]]]:
         """The model calls, level by level of the prefix tree: per level, its calls, each a list of rows.

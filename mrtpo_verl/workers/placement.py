@@ -25,7 +25,7 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, Ra
 
 from mrtpo_verl.compat.ray import liveness_call
 from mrtpo_verl.compat.verl import actor_param_dtype
-from mrtpo_verl.config import MRTPOConfig
+from mrtpo_verl.config import FLOAT32_COMPUTE_DTYPES, MRTPOConfig
 from mrtpo_verl.workers.balanced_split import dispatch_balanced
 from mrtpo_verl.workers.replay_worker import REPLAY_ROLE, ReplayWorker
 
@@ -237,7 +237,7 @@ def dedicated_weights_dtype(replay: Any, config: Any) -> str:
     """
     if replay.dedicated_dtype != "auto":
         return str(replay.dedicated_dtype)
-    return "fp32" if replay.compute_dtype == "fp32" else actor_compute_dtype(config)
+    return "fp32" if replay.compute_dtype in FLOAT32_COMPUTE_DTYPES else actor_compute_dtype(config)
 
 
 def build_backend(trainer: Any, cfg: MRTPOConfig) -> Any:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from benchmarks.replay_numerics import agreement
 from mrtpo_verl.config import MRTPOConfigError, ReplayConfig
 from mrtpo_verl.replay.contexts import ReplayContexts
-from mrtpo_verl.replay.float32_compute import float32_compute
+from mrtpo_verl.replay.float32_compute import float32_compute, matmul_precision_for
 from mrtpo_verl.replay.model_loading import cast_parameters
 from mrtpo_verl.replay.scorer import ReplayScorer, cache_bytes_per_token
 
@@ -92,14 +92,17 @@ def test_the_cache_budget_counts_float32_keys_and_values(models: dict[str, Any])
 
 
 def test_a_bad_compute_dtype_is_named() -> None:
-    with pytest.raises(MRTPOConfigError, match=r"mrtpo.replay.compute_dtype: got 'bf16' \(allowed: fp32 \| model\)"):
+    with pytest.raises(
+        MRTPOConfigError, match=r"mrtpo.replay.compute_dtype: got 'bf16' \(allowed: fp32 \| tf32 \| model\)"
+    ):
         ReplayConfig(compute_dtype="bf16").validate()
 
 
 def test_a_float32_model_skips_the_mode_and_gives_the_same_relevance(
     models: dict[str, Any], replay_items: list[ReplayContexts], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A float32 model held whole already computes in float32: the mode (per-call dispatch) is not entered."""
+    """A float32 model held whole already computes in float32: the mode (per-call dispatch) is not entered, only
+    the matmul precision is set."""
     from mrtpo_verl.replay import scorer as scorer_module
     from mrtpo_verl.replay.model_runners import LocalModelRunner
 
@@ -110,12 +113,80 @@ def test_a_float32_model_skips_the_mode_and_gives_the_same_relevance(
     entered = []
 
     def counting(*args: Any, **kwargs: Any) -> Any:
-        entered.append(args)
+        entered.append(kwargs.get("upcast", True))
         return float32_compute(*args, **kwargs)
 
     monkeypatch.setattr(scorer_module, "float32_compute", counting)
     fp32_compute = relevance(models["fp32"], replay_items, "fp32")
-    assert entered == []
+    assert entered and not any(entered)  # the precision only, no upcasting mode
     assert torch.equal(fp32_compute, relevance(models["fp32"], replay_items, "model"))
+    entered.clear()
     relevance(models["bf16"], replay_items, "fp32")
-    assert entered  # and a bf16 model does enter it
+    assert entered and all(entered)  # a bf16 model enters the mode
+
+
+@pytest.mark.parametrize(
+    ("device_type", "tf32", "expected"),
+    [("cuda", True, "high"), ("cuda", False, "highest"), ("cpu", True, "highest"), ("cpu", False, "highest")],
+)
+def test_matmul_precision_is_tf32_only_on_cuda_when_asked(device_type: str, tf32: bool, expected: str) -> None:
+    assert matmul_precision_for(device_type, tf32) == expected
+
+
+def test_the_float32_compute_sets_the_matmul_precision_and_restores_it() -> None:
+    """A run's global setting ("medium" lets float32 matmuls run in bf16) does not reach the replay's float32
+    compute; TF32 only when asked, on CUDA (the CUDA branch needs no GPU: it sets torch's flag)."""
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        for device_type, tf32, upcast, inside in (
+            ("cpu", False, True, "highest"),
+            ("cpu", True, False, "highest"),
+            ("cuda", True, True, "high"),
+            ("cuda", False, False, "highest"),
+        ):
+            with float32_compute(device_type, tf32=tf32, upcast=upcast):
+                assert torch.get_float32_matmul_precision() == inside
+            assert torch.get_float32_matmul_precision() == "medium"
+        with pytest.raises(ValueError), float32_compute("cpu"):
+            raise ValueError("a failing pass")
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def test_tf32_on_a_cpu_is_the_fp32_compute(models: dict[str, Any], replay_items: list[ReplayContexts]) -> None:
+    assert torch.equal(relevance(models["bf16"], replay_items, "tf32"), relevance(models["bf16"], replay_items, "fp32"))
+
+
+def test_flash_attention_models_compute_in_float32_with_sdpa(
+    models: dict[str, Any], replay_items: list[ReplayContexts]
+) -> None:
+    """verl builds its models with flash attention, which takes bf16/fp16 only (a float32 query is refused): the
+    float32 compute runs sdpa instead; compute_dtype=model keeps the model's own implementation. The stand-in for
+    flash attention (no flash-attn kernels on CPU) refuses float32 as flash-attn does and is sdpa otherwise."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    calls: list[torch.dtype] = []
+
+    def half_precision_only(module: Any, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        calls.append(query.dtype)
+        if query.dtype == torch.float32:
+            raise ValueError("FlashAttention only supports fp16 and bf16 data type")
+        return sdpa_attention_forward(module, query, *args, **kwargs)
+
+    AttentionInterface.register("flash_attention_cpu_stand_in", half_precision_only)
+    model = models["bf16"]
+    with_sdpa = relevance(model, replay_items, "fp32")
+    model.config._attn_implementation_internal = "flash_attention_cpu_stand_in"
+    try:
+        assert torch.equal(relevance(model, replay_items, "fp32"), with_sdpa)
+        assert calls == []
+        assert model.config._attn_implementation == "flash_attention_cpu_stand_in"  # restored
+        # transformers builds flash attention's masks its own way, which the stand-in does not follow: only which
+        # implementation ran, in which dtype, is checked here.
+        relevance(model, replay_items, "model")
+        assert calls and set(calls) == {torch.bfloat16}
+    finally:
+        model.config._attn_implementation_internal = "sdpa"
