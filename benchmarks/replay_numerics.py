@@ -43,18 +43,20 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from benchmarks.machine import machine_description
 from mrtpo_verl.math.relevance import js_distance
 from mrtpo_verl.math.token_weights import token_weights
 from mrtpo_verl.replay.contexts import ReplayContextBuilder
-from mrtpo_verl.replay.model_runners import LocalModelRunner
+from mrtpo_verl.replay.model_runners import LocalModelRunner, ShardedModelRunner
 from mrtpo_verl.replay.scorer import ReplayScorer
 
 TASKS = ("text_to_sql", "tool_calling", "instruction_following")
@@ -199,6 +201,59 @@ def agreement(
     }
 
 
+def fsdp2_mixed_precision(model32: Any) -> Any:
+    """A copy of the float32 model sharded as verl's engine shards a trained actor: FSDP2 on each decoder layer and
+    the root, float32 master shards, bf16 mixed precision (``param_dtype``), here on a one-rank gloo group (started
+    on first use, in this process)."""
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+    model = copy.deepcopy(model32)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model.eval()
+
+
+def to_tf32(tensor: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of ``tensor`` rounded to TF32 (10 mantissa bits, round half up on the magnitude), as a
+    tensor core reads a float32 matmul input under ``torch.set_float32_matmul_precision("high")``."""
+    bits = tensor.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+class EmulatedTF32(TorchFunctionMode):
+    """Rounds the float32 inputs of the weight-combining functions (linear layers, LM head, matmuls, attention's
+    q, k, v) to TF32 before the call: on a CPU, what the replay's float32 compute gives on a GPU with TF32 matmuls
+    (accumulation stays float32; attention's probabilities are not rounded). Entered outside the replay's own
+    float32 mode, so it sees the inputs that mode upcast."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in (F.linear, torch.matmul, torch.bmm, torch.Tensor.matmul, F.scaled_dot_product_attention):
+            rounded = 3 if func is F.scaled_dot_product_attention else 2  # q, k, v / the two operands; not a bias
+            args = tuple(
+                to_tf32(value)
+                if i < rounded and isinstance(value, torch.Tensor) and value.dtype == torch.float32
+                else value
+                for i, value in enumerate(args)
+            )
+        return func(*args, **kwargs)
+
+
+#: The colocated replay's rows: verl's bf16 mixed precision over float32 masters (FSDP2), by compute_dtype.
+COLOCATED_DEFAULT = "colocated FSDP2 bf16 mixed precision, fp32 (default)"
+COLOCATED_TF32 = "colocated FSDP2 bf16 mixed precision, fp32 with TF32 matmuls (emulated)"
+COLOCATED_MODEL = "colocated FSDP2 bf16 mixed precision, compute_dtype model"
+
+
 def measure_family(
     model32: Any, model16: Any, tokenizer: Any, task: str, samples: int, max_new_tokens: int
 ) -> FamilyNumerics:
@@ -223,9 +278,15 @@ def measure_family(
         "bf16, head fp32": (Float32HeadRunner(model16), "model"),
         "bf16 weights, fp32 compute": (model16, "fp32"),
     }
+    # The colocated replay on the actor's own FSDP2 module (ShardedModelRunner, under the engine's bf16 autocast):
+    # by default the float32 masters gathered as float32 and float32 compute; with compute_dtype=model, verl's way.
+    sharded = ShardedModelRunner(fsdp2_mixed_precision(model32), autocast_dtype=torch.bfloat16)
+    runners[COLOCATED_DEFAULT] = (sharded, "fp32")
+    runners[COLOCATED_TF32] = (sharded, "fp32")
+    runners[COLOCATED_MODEL] = (sharded, "model")
     for name, (model, compute_dtype) in runners.items():
         start = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), EmulatedTF32() if name == COLOCATED_TF32 else nullcontext():
             relevance[name] = ReplayScorer(model, compute_dtype=compute_dtype).score(items, needed).relevance
         result.replay_seconds[name] = time.perf_counter() - start
     for name, model in (("float32", model32), ("bf16", model16)):
@@ -246,6 +307,11 @@ def measure_family(
         if name != "float32":
             result.agreement[name] = agreement(relevance["float32"], relevance[name], lengths, real_loo)
     return result
+
+
+def _small(value: float) -> str:
+    """Four decimals, or two significant digits below 1e-4 (a float32 rounding difference is not "0.0000")."""
+    return f"{value:.4f}" if value >= 1e-4 or value == 0 else f"{value:.1e}"
 
 
 def _quantiles(values: Sequence[float]) -> str:
@@ -285,8 +351,8 @@ def report(families: Sequence[FamilyNumerics], header: Sequence[str]) -> str:
         for name, figures in family.agreement.items():
             lines.append(
                 f"| {family.task} | {name} | {figures['rows']:.0f} | {figures['pearson_min']:.4f} / "
-                f"{figures['pearson_median']:.4f} | {figures['max_dq']:.4f} ({figures['q_at_max_dq']:.3f}) | "
-                f"{figures['max_dw']:.4f} | "
+                f"{figures['pearson_median']:.4f} | {_small(figures['max_dq'])} ({figures['q_at_max_dq']:.3f}) | "
+                f"{_small(figures['max_dw'])} | "
                 f"{figures['top10_changed']:.0%} | {family.replay_seconds['float32']:.1f} / "
                 f"{family.replay_seconds.get(name, family.replay_seconds['bf16']):.1f} |"
             )
@@ -315,6 +381,10 @@ def main(argv: list[str] | None = None) -> None:
     for task in args.tasks:
         print(f"measuring {task} ...", file=sys.stderr, flush=True)
         families.append(measure_family(model32, model16, tokenizer, task, args.samples, args.max_new_tokens))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
     text = report(families, header)
     print(text)
     if args.out is not None:
