@@ -4,7 +4,8 @@ A bf16 forward pass rounds every matmul's inputs to 8 bits of mantissa; two pass
 differ only in batching then already differ by a Jensen–Shannon distance of about 0.02 per token, a third of
 the leave-one-out signal (``benchmarks/replay_numerics_latest.md``). Computing in float32 with the weights
 as they are (bf16 parameters upcast at each use) removes that noise: the relevance then differs from a
-float32 model's only by the weights' own rounding (max |Δq| ≈ 0.002–0.003 on SmolLM2, against 0.03–0.08).
+float32 model's only by the weights' own rounding (max |Δq| 0.004–0.010 on SmolLM2 and the families' batches,
+against 0.04–0.08; none where the weights are float32, as the colocated replay gathers verl's master shards).
 
 :func:`float32_compute` is a context in which
 
