@@ -92,19 +92,18 @@ def gathered_as_stored(root: nn.Module) -> Iterator[None]:
     for reuse come back unchanged after it. A gather inside the block moves the stored dtype's bytes (twice bf16's
     for float32 shards). Shards stored in ``param_dtype`` (verl's ``model_dtype=bf16``) gather as before.
 
-    Relies on: ``FSDPModule._get_fsdp_state()``, the state's ``_mp_policy`` (read by the input cast at each call) and
-    ``_fsdp_param_group`` (None for a module without
-    parameters of its own) with ``mp_policy`` (read when the group is lazily initialised, at the root's first
-    forward) and ``fsdp_params``; each ``FSDPParam``'s ``param_dtype`` (None: gather as stored; set from a policy
-    by ``init_dtype_attrs``, as lazy initialisation does), ``all_gather_outputs`` (the gather's buffers,
-    made at the first gather in that gather's dtype and reused after) and ``_unsharded_param`` (the gathered
-    parameter viewing those buffers, made at the first gather), torch 2.6–2.13.
+    The input cast is turned off by :func:`forward_inputs_uncast` (float32 weights would refuse bf16 inputs).
+
+    Relies on: ``FSDPModule._get_fsdp_state()`` and its ``_fsdp_param_group`` (None for a module without parameters
+    of its own) with ``mp_policy`` (read when the group is lazily initialised, at the root's first forward) and
+    ``fsdp_params``; each ``FSDPParam``'s ``param_dtype`` (None: gather as stored; set from a policy by
+    ``init_dtype_attrs``, as lazy initialisation does), ``all_gather_outputs`` (the gather's buffers, made at the
+    first gather in that gather's dtype and reused after) and ``_unsharded_param`` (the gathered parameter viewing
+    those buffers, made at the first gather), torch 2.6–2.13.
     """
     modules = [module for module in root.modules() if is_fsdp2(module)]
-    states = [module._get_fsdp_state() for module in modules]
-    groups = [group for group in (state._fsdp_param_group for state in states) if group]
+    groups = [group for group in (module._get_fsdp_state()._fsdp_param_group for module in modules) if group]
     missing = object()
-    saved_states = [(state, state._mp_policy) for state in states]
     saved_groups = [(group, group.mp_policy) for group in groups]
     saved_params = [
         (param, policy, param.all_gather_outputs, param.__dict__.get("_unsharded_param", missing))
@@ -114,20 +113,17 @@ def gathered_as_stored(root: nn.Module) -> Iterator[None]:
     for module in modules:
         module.reshard()
     try:
-        for state, policy in saved_states:  # no cast of the modules' inputs to param_dtype either
-            state._mp_policy = dataclasses.replace(policy, param_dtype=None)
         for group, policy in saved_groups:
             group.mp_policy = dataclasses.replace(policy, param_dtype=None)
         for param, _, _, _ in saved_params:
             param.param_dtype = None
             param.all_gather_outputs = []
             param.__dict__.pop("_unsharded_param", None)
-        yield
+        with forward_inputs_uncast(root):
+            yield
     finally:
         for module in modules:
             module.reshard()
-        for state, policy in saved_states:
-            state._mp_policy = policy
         for group, policy in saved_groups:
             group.mp_policy = policy
         for param, policy, outputs, unsharded in saved_params:

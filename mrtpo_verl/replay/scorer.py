@@ -20,7 +20,6 @@ from typing import Any, Protocol
 
 import torch
 
-from mrtpo_verl.compat.torch_fsdp import forward_inputs_uncast
 from mrtpo_verl.compat.transformers import float32_capable_attention
 from mrtpo_verl.config import (
     COMPUTE_DTYPES,
@@ -314,7 +313,8 @@ class ReplayScorer:
 
     def _weights(self) -> Any:
         """For the float32 compute dtypes, the weights as stored (a sharded model's float32 masters, not their bf16
-        gather: then relevance is the float32 model's), else as the engine computes with them."""
+        gather: then relevance is the float32 model's; and no FSDP2 cast of each sharded layer's inputs, the
+        residual stream, to bf16), else as the engine computes with them."""
         if self.compute_dtype in FLOAT32_COMPUTE_DTYPES:
             return self.runner.weights_as_stored()
         return nullcontext()
@@ -335,11 +335,7 @@ class ReplayScorer:
                     yield
                 return
             head = getattr(self.runner, "lm_head", None)
-            # FSDP2 with mixed precision casts each sharded layer's inputs (the residual stream) to bf16: not here.
-            with (
-                forward_inputs_uncast(self.model),
-                float32_compute(self.device.type, keep_upcast=getattr(head, "weight", None), tf32=tf32),
-            ):
+            with float32_compute(self.device.type, keep_upcast=getattr(head, "weight", None), tf32=tf32):
                 yield
 
     def _plan_levels(self, tree: PrefixNode) -> list[list[list[_Row]]]:
