@@ -70,7 +70,7 @@ def gone(pid: int) -> bool:
     """True once a process has exited (a zombie waiting for its new parent to reap it counts as gone)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped before the open, or between the open and the read
         return True
     return "\nState:\tZ" in status
 
