@@ -252,6 +252,7 @@ class EmulatedTF32(TorchFunctionMode):
 COLOCATED_DEFAULT = "colocated FSDP2 bf16 mixed precision, fp32 (default)"
 COLOCATED_TF32 = "colocated FSDP2 bf16 mixed precision, fp32 with TF32 matmuls (emulated)"
 COLOCATED_MODEL = "colocated FSDP2 bf16 mixed precision, compute_dtype model"
+COLOCATED_FP16 = "colocated FSDP2 bf16 mixed precision, compute_dtype fp16 (fp16 matmuls, emulated)"
 
 
 def measure_family(
@@ -284,6 +285,7 @@ def measure_family(
     runners[COLOCATED_DEFAULT] = (sharded, "fp32")
     runners[COLOCATED_TF32] = (sharded, "fp32")
     runners[COLOCATED_MODEL] = (sharded, "model")
+    runners[COLOCATED_FP16] = (sharded, "fp16")
     for name, (model, compute_dtype) in runners.items():
         start = time.perf_counter()
         with torch.no_grad(), EmulatedTF32() if name == COLOCATED_TF32 else nullcontext():

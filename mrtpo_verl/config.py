@@ -36,11 +36,13 @@ DEVICES = ("auto", "cpu", "cuda")
 #: Dtype of a dedicated replay worker's model; auto = the actor's compute dtype (its FSDP mixed-precision param_dtype).
 DEDICATED_DTYPES = ("auto", "fp32", "bf16", "fp16")
 #: What the replay computes in: fp32 whatever the weights' dtype (bf16 weights upcast at each use, IEEE float32
-#: matmuls), tf32 (the same, with TF32 tensor-core matmuls on CUDA; fp32 elsewhere), or the model's own compute
-#: dtype (the engine's autocast / the dedicated model's dtype).
-COMPUTE_DTYPES = ("fp32", "tf32", "model")
-#: The compute dtypes that compute in float32 (with the weights as stored).
-FLOAT32_COMPUTE_DTYPES = ("fp32", "tf32")
+#: matmuls), tf32 (the same, with TF32 tensor-core matmuls on CUDA; fp32 elsewhere), fp16 (float32 everywhere but
+#: the matmuls, which read fp16 inputs and accumulate in float32: fp16 tensor cores on CUDA, emulated elsewhere),
+#: or the model's own compute dtype (the engine's autocast / the dedicated model's dtype).
+COMPUTE_DTYPES = ("fp32", "tf32", "fp16", "model")
+#: The compute dtypes whose residual stream, keys/values and softmax are float32 (with the weights as stored, or
+#: for fp16 gathered in fp16).
+FLOAT32_COMPUTE_DTYPES = ("fp32", "tf32", "fp16")
 #: What the advantage step does with a prompt group that lacks some of its ``rollout.n`` responses.
 INCOMPLETE_GROUP_POLICIES = ("normalise", "error")
 #: Key/value-cache bytes one prefix-sharing forward call may hold when neither ``replay.max_cache_bytes`` nor

@@ -647,6 +647,7 @@ def test_fsdp2_input_cast_is_turned_off_and_restored() -> None:
 #: Run in its own process (a one-rank gloo group). Float32 masters under bf16 mixed precision, the root owning the
 #: first layer's parameters and the second layer sharded on its own, as verl shards decoder layers.
 FSDP_GATHER_AS_STORED_PROBE = """
+import copy
 import tempfile
 import torch
 import torch.distributed as dist
@@ -678,10 +679,15 @@ with torch.no_grad():
     with gathered_as_stored(fresh):
         fresh_inside = fresh(x)
     fresh_after = fresh(x)
+    with gathered_as_stored(model, torch.float16):  # the fp16-matmul replay's gather: shards cast to fp16 first
+        half = model(x.half())
+    after_half = model(x)
+    plain_half = copy.deepcopy(plain).half()
 print(seen)
 print(before.dtype, inside.dtype)
 print(torch.equal(inside, plain(x)), torch.equal(again, inside), torch.equal(after, before))
 print(torch.equal(fresh_inside, inside), torch.equal(fresh_after, before))
+print(half.dtype, torch.equal(half, plain_half(x.half())), torch.equal(after_half, before))
 dist.destroy_process_group()
 """
 
@@ -690,7 +696,8 @@ dist.destroy_process_group()
 def test_fsdp2_gathers_float32_masters_as_float32_inside_and_as_bf16_after() -> None:
     """Inside the context the layers get their float32 shards gathered as float32 and float32 inputs (the output is
     the unsharded float32 model's, bit for bit); before and after, the bf16 gather and cast (the same output), also
-    for a model whose first forward (FSDP's lazy initialisation) ran inside the context."""
+    for a model whose first forward (FSDP's lazy initialisation) ran inside the context; with ``gather_dtype`` fp16
+    the shards are gathered as fp16."""
     import subprocess
     import sys
 
@@ -698,11 +705,16 @@ def test_fsdp2_gathers_float32_masters_as_float32_inside_and_as_bf16_after() -> 
         [sys.executable, "-c", FSDP_GATHER_AS_STORED_PROBE], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    weights, dtypes, same, fresh = done.stdout.strip().splitlines()[-4:]
-    assert weights == str(["torch.bfloat16", "torch.float32", "torch.float32", "torch.bfloat16"])
+    weights, dtypes, same, fresh, half = done.stdout.strip().splitlines()[-5:]
+    assert weights == str(
+        ["torch.bfloat16", "torch.float32", "torch.float32", "torch.bfloat16", "torch.float16", "torch.bfloat16"]
+    )
     assert dtypes == "torch.bfloat16 torch.float32"
     assert same == "True True True"
     assert fresh == "True True"  # FSDP's lazy initialisation ran inside the block: the bf16 gather still follows
+    # gather_dtype=fp16: the float32 masters cast to fp16 before the gather (the fp16 model's output exactly); the
+    # bf16 gather after.
+    assert half == "torch.float16 True True"
 
 
 @covers("transformers.float32_capable_attention")

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import nn
 
 __all__ = [
@@ -82,10 +83,11 @@ def forward_inputs_uncast(root: nn.Module) -> Iterator[None]:
 
 
 @contextmanager
-def gathered_as_stored(root: nn.Module) -> Iterator[None]:
+def gathered_as_stored(root: nn.Module, gather_dtype: torch.dtype | None = None) -> Iterator[None]:
     """Within the block, every FSDP2 module under ``root`` all-gathers its parameters in the dtype its shards are
     stored in (verl's float32 master weights), not in its mixed-precision ``param_dtype``, and casts no forward
-    inputs to ``param_dtype``; restored after.
+    inputs to ``param_dtype``; restored after. With ``gather_dtype`` (e.g. fp16 for the replay's fp16 matmuls) the
+    shards are cast to that dtype before the gather instead (a bf16 gather's bytes).
 
     Each module is resharded (local, frees gathered parameters) on entry and on exit, so that the buffers a gather
     fills are made anew in the stored dtype at the block's first gather, and the ``param_dtype`` buffers FSDP keeps
@@ -97,7 +99,7 @@ def gathered_as_stored(root: nn.Module) -> Iterator[None]:
     Relies on: ``FSDPModule._get_fsdp_state()`` and its ``_fsdp_param_group`` (None for a module without parameters
     of its own) with ``mp_policy`` (read when the group is lazily initialised, at the root's first forward) and
     ``fsdp_params``; each ``FSDPParam``'s ``param_dtype`` (None: gather as stored; set from a policy by
-    ``init_dtype_attrs``, as lazy initialisation does), ``all_gather_outputs`` (the gather's buffers, made at the
+    ``init_dtype_attrs``, as lazy initialisation does), ``sharded_param`` (the stored shard), ``all_gather_outputs`` (the gather's buffers, made at the
     first gather in that gather's dtype and reused after) and ``_unsharded_param`` (the gathered parameter viewing
     those buffers, made at the first gather), torch 2.6–2.13.
     """
@@ -114,9 +116,10 @@ def gathered_as_stored(root: nn.Module) -> Iterator[None]:
         module.reshard()
     try:
         for group, policy in saved_groups:
-            group.mp_policy = dataclasses.replace(policy, param_dtype=None)
+            group.mp_policy = dataclasses.replace(policy, param_dtype=gather_dtype)
         for param, _, _, _ in saved_params:
-            param.param_dtype = None
+            # None where the shard already has that dtype, as init_dtype_attrs clamps it.
+            param.param_dtype = None if gather_dtype == param.sharded_param.dtype else gather_dtype
             param.all_gather_outputs = []
             param.__dict__.pop("_unsharded_param", None)
         with forward_inputs_uncast(root):

@@ -145,10 +145,11 @@ class ModelRunner:
     def release_peers_after_failure(self, error: BaseException | None = None) -> None:
         """This rank failed with ``error``; let the other ranks stop too (local: there are none)."""
 
-    def weights_as_stored(self) -> Any:
+    def weights_as_stored(self, gather_dtype: torch.dtype | None = None) -> Any:
         """A context in which forward calls use the weights as they are stored, not cast to a lower compute dtype
-        (a sharded runner: its float32 master shards gathered as float32; local: the model's own weights, nothing
-        to do). Entered outside :meth:`scoring`, so that the weights scoring gathers are gathered so too."""
+        (a sharded runner: its float32 master shards gathered as float32, or cast to ``gather_dtype`` before the
+        gather; local: the model's own weights, nothing to do). Entered outside :meth:`scoring`, so that the
+        weights scoring gathers are gathered so too."""
         return nullcontext()
 
     @contextmanager
@@ -368,10 +369,11 @@ class ShardedModelRunner(ModelRunner):
             )
         return F.linear(hidden, weight, self.lm_head.bias)
 
-    def weights_as_stored(self) -> Any:
+    def weights_as_stored(self, gather_dtype: torch.dtype | None = None) -> Any:
         """FSDP2 gathers the shards in their stored dtype (verl's float32 masters under bf16 mixed precision: twice
-        the bytes of a bf16 gather) and casts no layer inputs, for the block's passes; restored after (local)."""
-        return gathered_as_stored(self.model)
+        the bytes of a bf16 gather), or in ``gather_dtype``, and casts no layer inputs, for the block's passes;
+        restored after (local)."""
+        return gathered_as_stored(self.model, gather_dtype)
 
     def begin_call(self) -> None:
         """Start of one replay request on this rank: it has not yet met the other ranks."""

@@ -30,6 +30,7 @@ from mrtpo_verl.config import (
 )
 from mrtpo_verl.math.relevance import js_distance_one_to_many
 from mrtpo_verl.replay.float32_compute import float32_compute
+from mrtpo_verl.replay.fp16_matmuls import fp16_matmul_compute
 from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner, PrefixCache
 from mrtpo_verl.replay.prefix_tree import PrefixNode, build_prefix_tree, two_level_tree
 
@@ -175,7 +176,10 @@ class ReplayScorer:
             the weights' dtype (:mod:`~mrtpo_verl.replay.float32_compute`; ``"tf32"``: TF32 tensor-core matmuls on
             CUDA, IEEE float32 matmuls elsewhere; bf16 weights are upcast at each use, an outer
             autocast is turned off), with the weights as stored (a sharded runner gathers its float32 master shards
-            as float32, :meth:`ModelRunner.weights_as_stored`); ``"model"``: in the model's own dtype / the runner's
+            as float32, :meth:`ModelRunner.weights_as_stored`); ``"fp16"``: the same float32 compute, but every
+            matmul (projections, MLP, attention, LM head) reads fp16 inputs with float32 accumulation
+            (:mod:`~mrtpo_verl.replay.fp16_matmuls`: fp16 tensor cores on CUDA, emulated elsewhere) and a sharded
+            runner gathers its shards cast to fp16; ``"model"``: in the model's own dtype / the runner's
             autocast dtype, with the weights as the engine gathers them.
 
     Attributes:
@@ -315,13 +319,15 @@ class ReplayScorer:
         """For the float32 compute dtypes, the weights as stored (a sharded model's float32 masters, not their bf16
         gather: then relevance is the float32 model's; and no FSDP2 cast of each sharded layer's inputs, the
         residual stream, to bf16), else as the engine computes with them."""
+        if self.compute_dtype == "fp16":
+            return self.runner.weights_as_stored(torch.float16)
         if self.compute_dtype in FLOAT32_COMPUTE_DTYPES:
             return self.runner.weights_as_stored()
         return nullcontext()
 
     @contextmanager
     def _computing(self) -> Iterator[None]:
-        """Float32 compute for ``compute_dtype`` fp32 / tf32 (entered inside the runner's scoring, so after its
+        """Float32 compute for ``compute_dtype`` fp32 / tf32 / fp16 (entered inside the runner's scoring, so after its
         autocast and with the LM head's weight as scoring gathered it), else nothing. A float32 model held whole
         already computes in float32: only the matmul precision is set, without the mode's per-call dispatch."""
         if self.compute_dtype not in FLOAT32_COMPUTE_DTYPES:
@@ -330,11 +336,15 @@ class ReplayScorer:
         tf32 = self.compute_dtype == "tf32"
         # Flash attention (verl's default attn_implementation) takes bf16/fp16 only: sdpa for these passes.
         with float32_capable_attention(self.model):
+            head = getattr(self.runner, "lm_head", None)
+            if self.compute_dtype == "fp16":
+                with fp16_matmul_compute(self.device.type, keep_upcast=getattr(head, "weight", None)):
+                    yield
+                return
             if self.runner.computes_in_float32():
                 with float32_compute(self.device.type, tf32=tf32, upcast=False):
                     yield
                 return
-            head = getattr(self.runner, "lm_head", None)
             with float32_compute(self.device.type, keep_upcast=getattr(head, "weight", None), tf32=tf32):
                 yield
 

@@ -233,10 +233,13 @@ def dedicated_weights_dtype(replay: Any, config: Any) -> str:
 
     ``replay.dedicated_dtype`` when set; with ``auto``, float32 when the replay computes in float32 (the float32
     model's relevance, as the colocated replay gathers verl's float32 master shards; an actor whose weights are
-    stored in bf16 then sends them exactly, at twice the bytes), else the actor's compute dtype.
+    stored in bf16 then sends them exactly, at twice the bytes), fp16 for the fp16-matmul compute (the dtype its
+    matmuls read), else the actor's compute dtype.
     """
     if replay.dedicated_dtype != "auto":
         return str(replay.dedicated_dtype)
+    if replay.compute_dtype == "fp16":
+        return "fp16"  # what its matmuls read: no cast at each use, half float32's memory and transfer
     return "fp32" if replay.compute_dtype in FLOAT32_COMPUTE_DTYPES else actor_compute_dtype(config)
 
 

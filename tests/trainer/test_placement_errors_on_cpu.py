@@ -72,5 +72,7 @@ def test_dedicated_workers_load_in_float32_or_the_actors_compute_dtype_unless_to
     assert dedicated_weights_dtype(ReplayConfig(compute_dtype="model"), config(None)) == "bf16"
     assert dedicated_weights_dtype(ReplayConfig(compute_dtype="model", dedicated_dtype="fp16"), config(None)) == "fp16"
     assert dedicated_weights_dtype(ReplayConfig(dedicated_dtype="bf16"), config(None)) == "bf16"
+    assert dedicated_weights_dtype(ReplayConfig(compute_dtype="fp16"), config(None)) == "fp16"
+    assert dedicated_weights_dtype(ReplayConfig(compute_dtype="fp16", dedicated_dtype="fp32"), config(None)) == "fp32"
     with pytest.raises(MRTPOConfigError, match=r"replay.dedicated_dtype: got 'int8' .*auto \| fp32 \| bf16 \| fp16"):
         ReplayConfig(dedicated_dtype="int8").validate()
