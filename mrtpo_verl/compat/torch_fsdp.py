@@ -99,9 +99,9 @@ def gathered_as_stored(root: nn.Module, gather_dtype: torch.dtype | None = None)
     Relies on: ``FSDPModule._get_fsdp_state()`` and its ``_fsdp_param_group`` (None for a module without parameters
     of its own) with ``mp_policy`` (read when the group is lazily initialised, at the root's first forward) and
     ``fsdp_params``; each ``FSDPParam``'s ``param_dtype`` (None: gather as stored; set from a policy by
-    ``init_dtype_attrs``, as lazy initialisation does), ``sharded_param`` (the stored shard), ``all_gather_outputs`` (the gather's buffers, made at the
-    first gather in that gather's dtype and reused after) and ``_unsharded_param`` (the gathered parameter viewing
-    those buffers, made at the first gather), torch 2.6–2.13.
+    ``init_dtype_attrs``, as lazy initialisation does), ``sharded_param`` (the stored shard, its dtype),
+    ``all_gather_outputs`` (the gather's buffers, made at the first gather in that gather's dtype and reused after)
+    and ``_unsharded_param`` (the gathered parameter viewing those buffers, made at the first gather), torch 2.6–2.13.
     """
     modules = [module for module in root.modules() if is_fsdp2(module)]
     groups = [group for group in (module._get_fsdp_state()._fsdp_param_group for module in modules) if group]

@@ -40,7 +40,13 @@ import torch.nn.functional as F
 
 from mrtpo_verl.replay.float32_compute import Float32Compute, matmul_precision
 
-__all__ = ["FP16_HEADROOM_EXPONENT", "Float16Matmuls", "fp16_matmul_compute", "to_fp16_scaled"]
+__all__ = [
+    "FP16_HEADROOM_EXPONENT",
+    "Float16Matmuls",
+    "fp16_matmul_compute",
+    "require_float32_output_mm",
+    "to_fp16_scaled",
+]
 
 #: Activations whose largest magnitude exceeds 2**this are scaled down by a power of two before the fp16 cast
 #: (fp16's largest finite value is 65504 < 2**16; one binade of headroom for rounding up).
@@ -173,11 +179,38 @@ class Float16Matmuls(Float32Compute):
         return super().__torch_function__(func, types, args, kwargs)
 
 
+_CHECKED_DEVICES: set[str] = set()
+
+
+def require_float32_output_mm(device: str | torch.device) -> None:
+    """Raise a one-line error unless ``torch.mm(fp16, fp16, out_dtype=torch.float32)`` runs on ``device`` (CUDA in
+    torch ≥ 2.8); checked once per device. Without it the fp16 path would round every product to fp16 and could
+    overflow, so it refuses to run rather than fall back silently."""
+    key = str(device)
+    if key in _CHECKED_DEVICES:
+        return
+    probe = torch.ones(2, 2, dtype=torch.float16, device=device)
+    try:
+        torch.mm(probe, probe, out_dtype=torch.float32)
+    except (RuntimeError, NotImplementedError, TypeError) as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise RuntimeError(
+            f"mrtpo.replay.compute_dtype=fp16 needs fp16 matmuls with float32 output (torch.mm out_dtype) on {key}, "
+            f"which torch {torch.__version__} does not run there ({first_line}); use compute_dtype fp32 or tf32"
+        ) from None
+    _CHECKED_DEVICES.add(key)
+
+
 @contextmanager
 def fp16_matmul_compute(device_type: str, keep_upcast: torch.Tensor | None = None) -> Iterator[None]:
     """Autocast off on ``device_type`` and :class:`Float16Matmuls` on, for the block's forward passes. torch's float32
     matmul precision is pinned to ``"highest"`` so that the emulated products (a CPU's) are IEEE float32 products of
-    the fp16 values, as tensor cores form them."""
-    with matmul_precision("highest"), torch.autocast(device_type=device_type, enabled=False):
-        with Float16Matmuls(keep_upcast):
-            yield
+    the fp16 values, as tensor cores form them. On CUDA, :func:`require_float32_output_mm` first."""
+    if device_type == "cuda":
+        require_float32_output_mm(torch.device("cuda", torch.cuda.current_device()))
+    with (
+        matmul_precision("highest"),
+        torch.autocast(device_type=device_type, enabled=False),
+        Float16Matmuls(keep_upcast),
+    ):
+        yield

@@ -148,3 +148,4 @@ def test_gpu_check_script_dry_run_passes_in_the_interpreter(interpreter_env: dic
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 failure(s)" in result.stdout and "| launch sweep" in result.stdout
+    assert "| replay compute dtypes" in result.stdout and "compute_dtype=fp16" in result.stdout

@@ -18,7 +18,13 @@ import torch.nn.functional as F
 
 from benchmarks.replay_numerics import agreement
 from mrtpo_verl.replay.contexts import ReplayContexts
-from mrtpo_verl.replay.fp16_matmuls import fp16_attention, fp16_linear, fp16_matmul_compute, to_fp16_scaled
+from mrtpo_verl.replay.fp16_matmuls import (
+    fp16_attention,
+    fp16_linear,
+    fp16_matmul_compute,
+    require_float32_output_mm,
+    to_fp16_scaled,
+)
 from mrtpo_verl.replay.model_loading import cast_parameters
 from mrtpo_verl.replay.scorer import ReplayScorer, cache_bytes_per_token
 
@@ -81,6 +87,16 @@ def test_the_mode_routes_matmuls_through_fp16_and_leaves_the_rest_float32() -> N
     assert untouched.dtype == torch.bfloat16
     with pytest.raises(RuntimeError):
         F.linear(x, weight16)  # outside the context: the mixed-dtype error, as before
+
+
+def test_a_device_without_float32_output_fp16_matmuls_is_refused_in_one_line() -> None:
+    """CUDA's branch needs ``torch.mm(..., out_dtype=torch.float32)``; a device without it (this CPU build has no
+    such kernel) gets a one-line error naming the option and the way out, not a silent fp16-output fallback."""
+    with pytest.raises(
+        RuntimeError, match=r"compute_dtype=fp16 needs .* on cpu, .*; use compute_dtype fp32 or tf32"
+    ) as e:
+        require_float32_output_mm("cpu")
+    assert "\n" not in str(e.value)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,129 @@
+"""The replay's time per ``compute_dtype`` on a GPU: the price of relevance that survives bf16.
+
+Issue 21's goal: relevance within 0.01 of float32's (max |Δq|) at ≤ 1.1× the replay time of the bf16 path
+(``compute_dtype=model`` on bf16 weights). On CPU the agreement is measured (``benchmarks.replay_numerics``), the
+time is not: a CPU has fast bf16 matmuls and no fast fp16 ones, so ``fp16`` is emulated there. This stage times the
+in-process scorer on one GPU, each compute dtype on the weights the colocated replay would use for it:
+
+- ``model``: bf16 weights, bf16 compute (verl's forward, the baseline);
+- ``fp32`` / ``tf32``: float32 weights (the masters gathered as float32), float32 / TF32 matmuls;
+- ``fp16``: fp16 weights (the masters gathered cast to fp16), fp16 tensor-core matmuls with float32 accumulation.
+
+The model is a Llama-architecture decoder of about 1.2B parameters with random weights (no download: timing
+needs the shapes only); the batch a GRPO-like group set: 8 responses of 512 tokens after a 1,024-token prompt and
+three verifier texts of 192 tokens, every (response, reward) pair needed. Each dtype runs once to warm up, then is
+timed (median of 3). |Δq| against fp32 is shown too, on these random weights (a sanity figure, not the agreement
+measurement). Run by ``python -m benchmarks.gpu_check`` ("replay compute dtypes"); ``--dry-run-cpu`` runs it on a
+tiny model.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+#: The goal: fp16's replay seconds ≤ this × the bf16 path's.
+TIME_GOAL = 1.1
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Model and batch shapes of one run."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    responses: int
+    prompt_tokens: int
+    info_tokens: int
+    response_tokens: int
+    repeats: int
+
+
+GPU_WORKLOAD = Workload(2048, 8192, 16, 16, 8, 49152, 8, 1024, 192, 512, 3)
+DRY_RUN_WORKLOAD = Workload(64, 128, 2, 4, 2, 512, 2, 24, 6, 8, 1)
+REWARDS = 3
+
+
+def _model(workload: Workload, device: str) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=workload.vocab,
+        hidden_size=workload.hidden,
+        intermediate_size=workload.intermediate,
+        num_hidden_layers=workload.layers,
+        num_attention_heads=workload.heads,
+        num_key_value_heads=workload.kv_heads,
+        max_position_embeddings=8192,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        return LlamaForCausalLM(config).eval()
+
+
+def _items(workload: Workload) -> list:
+    """Synthetic replay contexts: a shared prompt, three verifier texts (the full context carries all, each
+    leave-one-out context drops one), a response per item."""
+    from mrtpo_verl.replay.contexts import ReplayContexts
+
+    generator = torch.Generator().manual_seed(1)
+
+    def tokens(count: int) -> tuple[int, ...]:
+        return tuple(torch.randint(10, workload.vocab, (count,), generator=generator).tolist())
+
+    prompt, infos = tokens(workload.prompt_tokens), [tokens(workload.info_tokens) for _ in range(REWARDS)]
+    full = prompt + sum(infos, ())
+    leave_one_out = tuple(prompt + sum((info for j, info in enumerate(infos) if j != k), ()) for k in range(REWARDS))
+    return [
+        ReplayContexts(full, leave_one_out, tokens(workload.response_tokens), (False,) * REWARDS, (False,) * REWARDS)
+        for _ in range(workload.responses)
+    ]
+
+
+def replay_dtype_results(device: str, dry_run: bool) -> list[tuple[str, str, str, bool]]:
+    """Per compute dtype: (setting, seconds and ratio to ``model``, reference, ok). fp16's row is ok when it meets
+    :data:`TIME_GOAL` (always ok in a dry run: CPU timings mean nothing)."""
+    from mrtpo_verl.replay.model_loading import cast_parameters
+    from mrtpo_verl.replay.scorer import ReplayScorer
+
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 row's IEEE matmuls (the scorer pins it too)
+
+    workload = DRY_RUN_WORKLOAD if dry_run else GPU_WORKLOAD
+    items = _items(workload)
+    needed = torch.ones(len(items), REWARDS, dtype=torch.bool)
+    base = _model(workload, device)
+    weights = {"model": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16}
+    seconds: dict[str, float] = {}
+    relevance: dict[str, torch.Tensor] = {}
+    for compute_dtype, dtype in weights.items():
+        # In place, bf16 first: every row then holds the same (bf16-representable) weight values.
+        model = cast_parameters(base, dtype)
+        scorer = ReplayScorer(model, compute_dtype=compute_dtype)
+        relevance[compute_dtype] = scorer.score(items, needed).relevance.float().cpu()  # warm-up
+        timings = []
+        for _ in range(workload.repeats):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            scorer.score(items, needed)
+            timings.append(time.perf_counter() - start)
+        seconds[compute_dtype] = statistics.median(timings)
+    baseline = seconds["model"]
+    results = []
+    for compute_dtype in weights:
+        ratio = seconds[compute_dtype] / baseline
+        error = float((relevance[compute_dtype] - relevance["fp32"]).abs().max())
+        ok = dry_run or compute_dtype != "fp16" or ratio <= TIME_GOAL
+        value = f"{seconds[compute_dtype]:.3f} s = {ratio:.2f}x bf16 path; max |dq| vs fp32 {error:.1e}"
+        reference = f"model (bf16): {baseline:.3f} s" + (f"; goal <= {TIME_GOAL}x" if compute_dtype == "fp16" else "")
+        results.append((f"compute_dtype={compute_dtype}", value, reference, ok))
+    return results
