@@ -24,7 +24,12 @@ Per family and dtype (float32, bf16) it prints, over every response token (media
   ``compute_dtype=fp32`` on bf16 weights (upcast at each use, float32 arithmetic throughout: what the replay
   computes where the weights are only held in bf16, e.g. ``replay.dedicated_dtype: bf16``; by default the replay
   uses float32 weights, the colocated one by gathering verl's float32 master shards as float32, so its relevance
-  is the float32 row's, tested on verl's FSDP2 engine to 1e-5).
+  is the float32 row's, tested on verl's FSDP2 engine to 1e-5). The colocated rows run on the actor's own FSDP2
+  module (bf16 mixed precision over float32 masters) per ``compute_dtype``: fp32 (``auto``'s choice on a CPU), TF32
+  matmuls (emulated by rounding matmul inputs), fp16 (``auto``'s choice on CUDA: the masters gathered as fp16,
+  matmuls on fp16 inputs with float32 accumulation, emulated here exactly but for the order of summation) and
+  ``model`` (verl's bf16 way). The replay seconds are this CPU's: the emulated rows say nothing of a GPU's time
+  (``benchmarks.gpu_check`` times the dtypes there).
 
 The bf16 model is the float32 one with its parameters cast to bf16 and its buffers left float32
 (:func:`~mrtpo_verl.replay.model_loading.cast_parameters`), as ``from_pretrained(dtype=bf16)`` and FSDP's mixed
@@ -249,10 +254,10 @@ class EmulatedTF32(TorchFunctionMode):
 
 
 #: The colocated replay's rows: verl's bf16 mixed precision over float32 masters (FSDP2), by compute_dtype.
-COLOCATED_DEFAULT = "colocated FSDP2 bf16 mixed precision, fp32 (default)"
+COLOCATED_DEFAULT = "colocated FSDP2 bf16 mixed precision, compute_dtype fp32 (auto on CPU)"
 COLOCATED_TF32 = "colocated FSDP2 bf16 mixed precision, fp32 with TF32 matmuls (emulated)"
 COLOCATED_MODEL = "colocated FSDP2 bf16 mixed precision, compute_dtype model"
-COLOCATED_FP16 = "colocated FSDP2 bf16 mixed precision, compute_dtype fp16 (fp16 matmuls, emulated)"
+COLOCATED_FP16 = "colocated FSDP2 bf16 mixed precision, compute_dtype fp16 (auto on CUDA; emulated)"
 
 
 def measure_family(

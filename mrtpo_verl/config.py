@@ -23,6 +23,7 @@ __all__ = [
     "MRTPOConfig",
     "MRTPOConfigError",
     "ReplayConfig",
+    "resolve_compute_dtype",
 ]
 
 ABLATIONS = ("none", "uniform", "shuffle")
@@ -39,7 +40,9 @@ DEDICATED_DTYPES = ("auto", "fp32", "bf16", "fp16")
 #: matmuls), tf32 (the same, with TF32 tensor-core matmuls on CUDA; fp32 elsewhere), fp16 (float32 everywhere but
 #: the matmuls, which read fp16 inputs and accumulate in float32: fp16 tensor cores on CUDA, emulated elsewhere),
 #: or the model's own compute dtype (the engine's autocast / the dedicated model's dtype).
-COMPUTE_DTYPES = ("fp32", "tf32", "fp16", "model")
+#: auto (the default): fp16 on CUDA (tensor cores at bf16's rate, within the agreement goal), fp32 elsewhere (a CPU has
+#: no fast fp16 matmuls; float32 is its exact and fastest agreeing choice).
+COMPUTE_DTYPES = ("auto", "fp32", "tf32", "fp16", "model")
 #: The compute dtypes whose residual stream, keys/values and softmax are float32 (with the weights as stored, or
 #: for fp16 gathered in fp16).
 FLOAT32_COMPUTE_DTYPES = ("fp32", "tf32", "fp16")
@@ -59,6 +62,13 @@ DEFAULT_REPLAY_MAX_TOKENS_PER_CALL = 32768
 #: (micro_batch_size, max_tokens_per_micro_batch) of the CPU preset: padded passes need an attention mask, slower on
 #: CPU sdpa, and a 2-core machine gains nothing from larger calls.
 CPU_REPLAY_BUDGETS = (8, 4096)
+
+
+def resolve_compute_dtype(compute_dtype: str, device_type: str) -> str:
+    """``replay.compute_dtype`` with ``auto`` resolved for a device type: fp16 on ``"cuda"``, fp32 elsewhere."""
+    if compute_dtype != "auto":
+        return compute_dtype
+    return "fp16" if device_type == "cuda" else "fp32"
 
 
 class MRTPOConfigError(ValueError):
@@ -104,7 +114,7 @@ class ReplayConfig:
     dedicated_device: str = "auto"
     dedicated_cpus_per_worker: int = 1
     dedicated_dtype: str = "auto"
-    compute_dtype: str = "fp32"
+    compute_dtype: str = "auto"
 
     def validate(self) -> None:
         if self.placement not in PLACEMENTS:

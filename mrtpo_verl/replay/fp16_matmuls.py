@@ -57,19 +57,28 @@ _TWO_OPERANDS: frozenset[Callable[..., Any]] = frozenset(
 )
 
 
+def _amax(value: torch.Tensor) -> torch.Tensor:
+    """|value|'s largest magnitude, 0-dim float32: one reduction kernel reading ``value`` once."""
+    return torch.linalg.vector_norm(value.detach(), float("inf")).float()
+
+
 def _scale_down(value: torch.Tensor) -> torch.Tensor:
     """A 0-dim float32 power of two ≤ 1, on ``value``'s device: 2**-(e - 15) for the exponent e that bounds
     |value|'s largest magnitude (e = ceil(log2 amax)), else 1. Computed on the device (no host synchronisation)."""
-    amax = value.detach().abs().amax().float()
-    exponent = torch.ceil(torch.log2(amax.clamp(min=1.0))) - FP16_HEADROOM_EXPONENT
+    exponent = torch.ceil(torch.log2(_amax(value).clamp(min=1.0))) - FP16_HEADROOM_EXPONENT
     return torch.exp2(-exponent.clamp(min=0.0))
 
 
 def to_fp16_scaled(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``value`` (any shape, a floating dtype) → (``value · s`` in fp16, ``s``): ``s`` a power of two ≤ 1 (a 0-dim
-    float32 tensor) that keeps the largest magnitude ≤ 2**15, 1 when it already is."""
+    float32 tensor) that keeps the largest magnitude ≤ 2**15, 1 when it already is.
+
+    Two kernels over ``value``: the reduction, and the multiply written straight into fp16 (``out=``), so the scaling
+    costs one extra read of the activation beside the cast itself."""
     scale = _scale_down(value)
-    return (value.float() * scale).half(), scale
+    scaled = torch.empty_like(value, dtype=torch.float16)
+    torch.mul(value, scale, out=scaled)
+    return scaled, scale
 
 
 def _fp16_weight(value: torch.Tensor) -> torch.Tensor:
@@ -128,11 +137,11 @@ def fp16_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     (float32 softmax, fp16 output); elsewhere float32 attention on the fp16-rounded inputs, its output rounded to
     fp16 as a kernel's is.
     """
-    q_amax = query.detach().abs().amax().float().clamp(min=1e-30)
-    k_amax = key.detach().abs().amax().float().clamp(min=1e-30)
-    balance = torch.exp2(torch.round(torch.log2(k_amax / q_amax) / 2))
-    q16 = (query.float() * balance).half()
-    k16 = (key.float() / balance).half()
+    balance = torch.exp2(torch.round(torch.log2(_amax(key).clamp(min=1e-30) / _amax(query).clamp(min=1e-30)) / 2))
+    q16 = torch.empty_like(query, dtype=torch.float16)
+    k16 = torch.empty_like(key, dtype=torch.float16)
+    torch.mul(query, balance, out=q16)
+    torch.div(key, balance, out=k16)
     v16, v_scale = to_fp16_scaled(value)
     if q16.is_cuda:
         if args:

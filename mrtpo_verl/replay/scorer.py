@@ -11,6 +11,7 @@ cache budget and the models accepted: ``docs/replay.md`` ("Scorer").
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -27,6 +28,7 @@ from mrtpo_verl.config import (
     FLOAT32_COMPUTE_DTYPES,
     PREFIX_SCHEDULES,
     ReplayConfig,
+    resolve_compute_dtype,
 )
 from mrtpo_verl.math.relevance import js_distance_one_to_many
 from mrtpo_verl.replay.float32_compute import float32_compute
@@ -35,6 +37,8 @@ from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner, Prefi
 from mrtpo_verl.replay.prefix_tree import PrefixNode, build_prefix_tree, two_level_tree
 
 __all__ = ["ReplayInputs", "ReplayResult", "ReplayScorer", "ReplayStats", "cache_bytes_per_token"]
+
+logger = logging.getLogger(__name__)
 
 PADDING_SIDES = ("right", "left")
 # Config attributes of models whose logits are not plain lm_head(hidden); values that leave logits unchanged.
@@ -172,15 +176,16 @@ class ReplayScorer:
             (None: ``DEFAULT_MAX_CACHE_BYTES``); the token budget is ``max_cache_bytes //``
             :func:`cache_bytes_per_token` of the model (its config, and the dtype its keys and values are computed
             in). Only one of the two may be given.
-        compute_dtype: ``"fp32"`` / ``"tf32"``: every forward pass and the LM head compute in float32 whatever
-            the weights' dtype (:mod:`~mrtpo_verl.replay.float32_compute`; ``"tf32"``: TF32 tensor-core matmuls on
-            CUDA, IEEE float32 matmuls elsewhere; bf16 weights are upcast at each use, an outer
-            autocast is turned off), with the weights as stored (a sharded runner gathers its float32 master shards
-            as float32, :meth:`ModelRunner.weights_as_stored`); ``"fp16"``: the same float32 compute, but every
-            matmul (projections, MLP, attention, LM head) reads fp16 inputs with float32 accumulation
-            (:mod:`~mrtpo_verl.replay.fp16_matmuls`: fp16 tensor cores on CUDA, emulated elsewhere) and a sharded
-            runner gathers its shards cast to fp16; ``"model"``: in the model's own dtype / the runner's
-            autocast dtype, with the weights as the engine gathers them.
+        compute_dtype: ``"auto"`` (the default): ``"fp16"`` on a CUDA device, ``"fp32"`` elsewhere
+            (:func:`~mrtpo_verl.config.resolve_compute_dtype`). ``"fp32"`` / ``"tf32"``: every forward pass and
+            the LM head compute in float32 whatever the weights' dtype (:mod:`~mrtpo_verl.replay.float32_compute`;
+            ``"tf32"``: TF32 tensor-core matmuls on CUDA, IEEE float32 matmuls elsewhere; bf16 weights are upcast
+            at each use, an outer autocast is turned off), with the weights as stored (a sharded runner gathers its
+            float32 master shards as float32, :meth:`ModelRunner.weights_as_stored`); ``"fp16"``: the same float32
+            compute, but every matmul (projections, MLP, attention, LM head) reads fp16 inputs with float32
+            accumulation (:mod:`~mrtpo_verl.replay.fp16_matmuls`: fp16 tensor cores on CUDA, emulated elsewhere)
+            and a sharded runner gathers its shards cast to fp16; ``"model"``: in the model's own dtype / the
+            runner's autocast dtype, with the weights as the engine gathers them.
 
     Attributes:
         max_cache_tokens: the token budget in force (0 without sharing: no cache is held).
@@ -199,7 +204,7 @@ class ReplayScorer:
         max_cache_tokens: int | None = None,
         max_cache_bytes: int | None = None,
         prefix_schedule: str = ReplayConfig.prefix_schedule,
-        compute_dtype: str = "fp32",
+        compute_dtype: str = "auto",
     ) -> None:
         sizes = (js_chunk_size, micro_batch_size, max_tokens_per_micro_batch, min_shared_tokens)
         if min(sizes) < 1:
@@ -233,7 +238,8 @@ class ReplayScorer:
         self.share_prefix = bool(share_prefix)
         self.min_shared_tokens = min_shared_tokens
         self.prefix_schedule = _resolve_schedule(prefix_schedule, self.runner)
-        self.compute_dtype = compute_dtype
+        self.compute_dtype = resolve_compute_dtype(compute_dtype, self.device.type)
+        _log_resolution_once(compute_dtype, self.compute_dtype, self.device.type)
         self.max_cache_tokens = self._cache_token_budget(max_cache_tokens, max_cache_bytes)
 
     @classmethod
@@ -485,6 +491,17 @@ def _cache_dtype(runner: ModelRunner) -> torch.dtype:
     parameters = getattr(runner.model, "parameters", None)
     floating = (p.dtype for p in parameters() if p.is_floating_point()) if callable(parameters) else iter(())
     return next(floating, torch.float32)
+
+
+_LOGGED_RESOLUTIONS: set[tuple[str, str, str]] = set()
+
+
+def _log_resolution_once(requested: str, resolved: str, device_type: str) -> None:
+    """``compute_dtype: auto`` resolves by device; say once per process what it became, so no run has to guess."""
+    key = (requested, resolved, device_type)
+    if requested == "auto" and key not in _LOGGED_RESOLUTIONS:
+        _LOGGED_RESOLUTIONS.add(key)
+        logger.info("mrtpo replay: compute_dtype auto -> %s on %s", resolved, device_type)
 
 
 def _refuse_logit_post_processing(model: Any) -> None:

@@ -25,7 +25,7 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, Ra
 
 from mrtpo_verl.compat.ray import liveness_call
 from mrtpo_verl.compat.verl import actor_param_dtype
-from mrtpo_verl.config import FLOAT32_COMPUTE_DTYPES, MRTPOConfig
+from mrtpo_verl.config import FLOAT32_COMPUTE_DTYPES, MRTPOConfig, resolve_compute_dtype
 from mrtpo_verl.workers.balanced_split import dispatch_balanced
 from mrtpo_verl.workers.replay_worker import REPLAY_ROLE, ReplayWorker
 
@@ -228,19 +228,21 @@ def actor_compute_dtype(config: Any) -> str:
     return next(name for name, torch_dtype in DTYPES.items() if torch_dtype == dtype)
 
 
-def dedicated_weights_dtype(replay: Any, config: Any) -> str:
+def dedicated_weights_dtype(replay: Any, config: Any, device: str) -> str:
     """The dtype the dedicated workers hold and receive the actor's weights in (a ``DTYPES`` name).
 
     ``replay.dedicated_dtype`` when set; with ``auto``, float32 when the replay computes in float32 (the float32
     model's relevance, as the colocated replay gathers verl's float32 master shards; an actor whose weights are
     stored in bf16 then sends them exactly, at twice the bytes), fp16 for the fp16-matmul compute (the dtype its
-    matmuls read), else the actor's compute dtype.
+    matmuls read), else the actor's compute dtype. ``device``: the workers' device type (``compute_dtype: auto``
+    resolves by it).
     """
     if replay.dedicated_dtype != "auto":
         return str(replay.dedicated_dtype)
-    if replay.compute_dtype == "fp16":
+    compute_dtype = resolve_compute_dtype(replay.compute_dtype, device)
+    if compute_dtype == "fp16":
         return "fp16"  # what its matmuls read: no cast at each use, half float32's memory and transfer
-    return "fp32" if replay.compute_dtype in FLOAT32_COMPUTE_DTYPES else actor_compute_dtype(config)
+    return "fp32" if compute_dtype in FLOAT32_COMPUTE_DTYPES else actor_compute_dtype(config)
 
 
 def build_backend(trainer: Any, cfg: MRTPOConfig) -> Any:
@@ -250,7 +252,7 @@ def build_backend(trainer: Any, cfg: MRTPOConfig) -> Any:
     device = cfg.replay.dedicated_device
     if device == "auto":
         device = "cuda" if str(trainer.config.trainer.get("device", "cuda")) == "cuda" else "cpu"
-    dtype = dedicated_weights_dtype(cfg.replay, trainer.config)
+    dtype = dedicated_weights_dtype(cfg.replay, trainer.config, device)
     per_node = workers_per_node(cfg.replay.dedicated_workers, int(trainer.config.trainer.nnodes))
     group = create_replay_worker_group(
         cfg, trainer.config.actor_rollout_ref.model.path, per_node, device, cfg.replay.dedicated_cpus_per_worker, dtype

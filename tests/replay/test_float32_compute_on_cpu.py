@@ -93,7 +93,8 @@ def test_the_cache_budget_counts_float32_keys_and_values(models: dict[str, Any])
 
 def test_a_bad_compute_dtype_is_named() -> None:
     with pytest.raises(
-        MRTPOConfigError, match=r"mrtpo.replay.compute_dtype: got 'bf16' \(allowed: fp32 \| tf32 \| fp16 \| model\)"
+        MRTPOConfigError,
+        match=r"mrtpo.replay.compute_dtype: got 'bf16' \(allowed: auto \| fp32 \| tf32 \| fp16 \| model\)",
     ):
         ReplayConfig(compute_dtype="bf16").validate()
 

@@ -137,3 +137,18 @@ def test_the_fp16_compute_budgets_float32_keys_and_values(models: dict[str, Any]
     budget = 1 << 30
     scorer = ReplayScorer(models["bf16"], max_cache_bytes=budget, compute_dtype="fp16")
     assert scorer.max_cache_tokens == budget // cache_bytes_per_token(models["bf16"].config, torch.float32)
+
+
+def test_auto_is_fp16_on_cuda_and_fp32_elsewhere(smollm2: tuple[Any, Any], caplog: pytest.LogCaptureFixture) -> None:
+    from mrtpo_verl.config import ReplayConfig, resolve_compute_dtype
+
+    assert ReplayConfig().compute_dtype == "auto"
+    assert resolve_compute_dtype("auto", "cuda") == "fp16"
+    assert resolve_compute_dtype("auto", "cpu") == "fp32"
+    assert [resolve_compute_dtype(name, "cuda") for name in ("fp32", "tf32", "model")] == ["fp32", "tf32", "model"]
+    model, _ = smollm2
+    with caplog.at_level("INFO", logger="mrtpo_verl.replay.scorer"):
+        assert ReplayScorer(model).compute_dtype == "fp32"  # this CPU
+        assert ReplayScorer(model).compute_dtype == "fp32"
+    said = [record.getMessage() for record in caplog.records if "compute_dtype auto" in record.getMessage()]
+    assert said in ([], ["mrtpo replay: compute_dtype auto -> fp32 on cpu"])  # once per process (maybe said before)

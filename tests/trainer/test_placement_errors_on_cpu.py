@@ -65,14 +65,20 @@ def test_dedicated_workers_load_in_float32_or_the_actors_compute_dtype_unless_to
     assert actor_compute_dtype(config(None)) == "bf16"  # verl's FSDP default without a mixed_precision block
     assert actor_compute_dtype(config({"param_dtype": "fp32"})) == "fp32"
     assert actor_compute_dtype(config({"param_dtype": "float16"})) == "fp16"
-    # auto: float32 weights for the float32 compute (the default), the actor's compute dtype for compute_dtype=model.
+    # auto: the weights the compute reads: float32 for fp32/tf32 (compute auto on a CPU), fp16 for fp16 (compute auto
+    # on CUDA), the actor's compute dtype for compute_dtype=model.
     from mrtpo_verl.workers.placement import dedicated_weights_dtype
 
-    assert dedicated_weights_dtype(ReplayConfig(), config(None)) == "fp32"
-    assert dedicated_weights_dtype(ReplayConfig(compute_dtype="model"), config(None)) == "bf16"
-    assert dedicated_weights_dtype(ReplayConfig(compute_dtype="model", dedicated_dtype="fp16"), config(None)) == "fp16"
-    assert dedicated_weights_dtype(ReplayConfig(dedicated_dtype="bf16"), config(None)) == "bf16"
-    assert dedicated_weights_dtype(ReplayConfig(compute_dtype="fp16"), config(None)) == "fp16"
-    assert dedicated_weights_dtype(ReplayConfig(compute_dtype="fp16", dedicated_dtype="fp32"), config(None)) == "fp32"
+    def weights(device: str = "cpu", **replay: str) -> str:
+        return dedicated_weights_dtype(ReplayConfig(**replay), config(None), device)
+
+    assert weights() == "fp32"
+    assert weights("cuda") == "fp16"
+    assert weights(compute_dtype="tf32") == weights("cuda", compute_dtype="fp32") == "fp32"
+    assert weights(compute_dtype="model") == weights("cuda", compute_dtype="model") == "bf16"
+    assert weights(compute_dtype="model", dedicated_dtype="fp16") == "fp16"
+    assert weights(dedicated_dtype="bf16") == weights("cuda", dedicated_dtype="bf16") == "bf16"
+    assert weights(compute_dtype="fp16") == "fp16"
+    assert weights(compute_dtype="fp16", dedicated_dtype="fp32") == "fp32"
     with pytest.raises(MRTPOConfigError, match=r"replay.dedicated_dtype: got 'int8' .*auto \| fp32 \| bf16 \| fp16"):
         ReplayConfig(dedicated_dtype="int8").validate()
