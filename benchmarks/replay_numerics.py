@@ -176,6 +176,16 @@ def _row_agreement(reference: torch.Tensor, other: torch.Tensor) -> tuple[float,
     return pearson, dq, dw, changed, q_at_max
 
 
+def agreement_rows(items: Sequence[Any]) -> tuple[list[int], torch.Tensor]:
+    """For replay contexts: (each response's length, (bs, K) bool: True where reward k's leave-one-out context
+    differs from the full one), the ``lengths`` and ``rows`` :func:`agreement` takes."""
+    lengths = [len(item.response_ids) for item in items]
+    real = torch.tensor(
+        [[list(loo) != list(item.full_context_ids) for loo in item.leave_one_out_ids] for item in items]
+    )
+    return lengths, real
+
+
 def agreement(
     reference: torch.Tensor, other: torch.Tensor, lengths: Sequence[int], rows: torch.Tensor
 ) -> dict[str, float]:
@@ -268,11 +278,8 @@ def measure_family(
     batch = family_batch(model32, tokenizer, task, samples, max_new_tokens, seed=0)
     builder = ReplayContextBuilder(tokenizer, batch.reward_keys, max_context_tokens=8192)
     items = builder.build_batch([batch.prompt] * len(batch.responses), batch.responses, batch.infos)
-    lengths = [len(item.response_ids) for item in items]
+    lengths, real_loo = agreement_rows(items)
     full = [[*item.full_context_ids, *item.response_ids] for item in items]
-    real_loo = torch.tensor(
-        [[list(loo) != list(item.full_context_ids) for loo in item.leave_one_out_ids] for item in items]
-    )
     needed = torch.ones(len(items), len(batch.reward_keys), dtype=torch.bool)
     result = FamilyNumerics(task, len(items), sum(lengths))
     relevance: dict[str, torch.Tensor] = {}

@@ -76,12 +76,19 @@ class Float32Compute(TorchFunctionMode):
         self._keep = keep_upcast
         self._kept: torch.Tensor | None = None
 
+    def _kept_as(self, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """The kept weight's copy in ``dtype``, made at its first use; None for any other tensor."""
+        if self._keep is None or value is not self._keep:
+            return None
+        if self._kept is None:
+            self._kept = value.to(dtype)
+        return self._kept
+
     def _argument(self, value: Any) -> Any:
-        if self._keep is not None and value is self._keep and value.dtype in LOW_PRECISION:
-            if self._kept is None:
-                self._kept = value.float()
-            return self._kept
-        return _upcast(value)
+        if isinstance(value, torch.Tensor) and value.dtype in LOW_PRECISION:
+            kept = self._kept_as(value, torch.float32)
+            return value.float() if kept is None else kept
+        return value
 
     def __torch_function__(
         self,

@@ -81,10 +81,6 @@ def to_fp16_scaled(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scaled, scale
 
 
-def _fp16_weight(value: torch.Tensor) -> torch.Tensor:
-    return value if value.dtype == torch.float16 else value.half()
-
-
 def _widen(value: torch.Tensor) -> torch.Tensor:
     """An fp16 tensor as float32 for the emulated product (exact)."""
     return value.float()
@@ -163,11 +159,10 @@ class Float16Matmuls(Float32Compute):
     """
 
     def _fp16(self, weight: torch.Tensor) -> torch.Tensor:
-        if self._keep is not None and weight is self._keep and weight.dtype != torch.float16:
-            if self._kept is None:
-                self._kept = weight.half()
-            return self._kept
-        return _fp16_weight(weight)
+        if weight.dtype == torch.float16:
+            return weight
+        kept = self._kept_as(weight, torch.float16)
+        return weight.half() if kept is None else kept
 
     def __torch_function__(
         self,

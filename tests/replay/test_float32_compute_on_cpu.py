@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.replay_numerics import agreement
+from benchmarks.replay_numerics import agreement, agreement_rows
 from mrtpo_verl.config import MRTPOConfigError, ReplayConfig
 from mrtpo_verl.replay.contexts import ReplayContexts
 from mrtpo_verl.replay.float32_compute import float32_compute, matmul_precision_for
@@ -56,10 +56,7 @@ def test_float32_compute_equals_the_float32_model_of_the_same_weights(
 def test_float32_compute_of_bf16_weights_agrees_with_float32(
     models: dict[str, Any], replay_items: list[ReplayContexts]
 ) -> None:
-    lengths = [len(item.response_ids) for item in replay_items]
-    real = torch.tensor(
-        [[list(loo) != list(item.full_context_ids) for loo in item.leave_one_out_ids] for item in replay_items]
-    )
+    lengths, real = agreement_rows(replay_items)
     reference = relevance(models["fp32"], replay_items, "fp32")
     fp32_compute = agreement(reference, relevance(models["bf16"], replay_items, "fp32"), lengths, real)
     bf16_compute = agreement(reference, relevance(models["bf16"], replay_items, "model"), lengths, real)

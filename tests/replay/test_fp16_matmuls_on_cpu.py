@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.replay_numerics import agreement
+from benchmarks.replay_numerics import agreement, agreement_rows
 from mrtpo_verl.replay.contexts import ReplayContexts
 from mrtpo_verl.replay.fp16_matmuls import (
     fp16_attention,
@@ -114,10 +114,7 @@ def relevance(model: Any, items: list[ReplayContexts], compute_dtype: str) -> to
 def test_fp16_matmuls_give_the_float32_models_relevance_within_the_goal(
     models: dict[str, Any], replay_items: list[ReplayContexts]
 ) -> None:
-    lengths = [len(item.response_ids) for item in replay_items]
-    real = torch.tensor(
-        [[list(loo) != list(item.full_context_ids) for loo in item.leave_one_out_ids] for item in replay_items]
-    )
+    lengths, real = agreement_rows(replay_items)
     reference = relevance(models["fp32"], replay_items, "fp32")
     fp16 = relevance(models["fp32"], replay_items, "fp16")
     bf16_compute = agreement(reference, relevance(models["bf16"], replay_items, "model"), lengths, real)
