@@ -43,6 +43,7 @@ from mrtpo_verl.replay.float32_compute import Float32Compute, matmul_precision
 __all__ = [
     "FP16_HEADROOM_EXPONENT",
     "Float16Matmuls",
+    "float32_output_mm_missing",
     "fp16_matmul_compute",
     "require_float32_output_mm",
     "to_fp16_scaled",
@@ -183,26 +184,32 @@ class Float16Matmuls(Float32Compute):
         return super().__torch_function__(func, types, args, kwargs)
 
 
-_CHECKED_DEVICES: set[str] = set()
+_MISSING: dict[str, str | None] = {}
+
+
+def float32_output_mm_missing(device: str | torch.device) -> str | None:
+    """None where ``torch.mm(fp16, fp16, out_dtype=torch.float32)`` runs on ``device`` (CUDA in recent torch),
+    else why not, in one line; probed once per device."""
+    key = str(device)
+    if key not in _MISSING:
+        probe = torch.ones(2, 2, dtype=torch.float16, device=device)
+        try:
+            torch.mm(probe, probe, out_dtype=torch.float32)
+            _MISSING[key] = None
+        except (RuntimeError, NotImplementedError, TypeError) as error:
+            _MISSING[key] = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return _MISSING[key]
 
 
 def require_float32_output_mm(device: str | torch.device) -> None:
-    """Raise a one-line error unless ``torch.mm(fp16, fp16, out_dtype=torch.float32)`` runs on ``device`` (CUDA in
-    torch ≥ 2.8); checked once per device. Without it the fp16 path would round every product to fp16 and could
-    overflow, so it refuses to run rather than fall back silently."""
-    key = str(device)
-    if key in _CHECKED_DEVICES:
-        return
-    probe = torch.ones(2, 2, dtype=torch.float16, device=device)
-    try:
-        torch.mm(probe, probe, out_dtype=torch.float32)
-    except (RuntimeError, NotImplementedError, TypeError) as error:
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    """Raise a one-line error unless fp16 matmuls with float32 output run on ``device``. Without them the fp16 path
+    would round every product to fp16 and could overflow, so it refuses to run rather than fall back silently."""
+    missing = float32_output_mm_missing(device)
+    if missing is not None:
         raise RuntimeError(
-            f"mrtpo.replay.compute_dtype=fp16 needs fp16 matmuls with float32 output (torch.mm out_dtype) on {key}, "
-            f"which torch {torch.__version__} does not run there ({first_line}); use compute_dtype fp32 or tf32"
-        ) from None
-    _CHECKED_DEVICES.add(key)
+            f"mrtpo.replay.compute_dtype=fp16 needs fp16 matmuls with float32 output (torch.mm out_dtype) on "
+            f"{device}, which torch {torch.__version__} does not run there ({missing}); use compute_dtype fp32 or tf32"
+        )
 
 
 @contextmanager

@@ -32,7 +32,7 @@ from mrtpo_verl.config import (
 )
 from mrtpo_verl.math.relevance import js_distance_one_to_many
 from mrtpo_verl.replay.float32_compute import float32_compute
-from mrtpo_verl.replay.fp16_matmuls import fp16_matmul_compute
+from mrtpo_verl.replay.fp16_matmuls import float32_output_mm_missing, fp16_matmul_compute
 from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner, PrefixCache
 from mrtpo_verl.replay.prefix_tree import PrefixNode, build_prefix_tree, two_level_tree
 
@@ -238,8 +238,7 @@ class ReplayScorer:
         self.share_prefix = bool(share_prefix)
         self.min_shared_tokens = min_shared_tokens
         self.prefix_schedule = _resolve_schedule(prefix_schedule, self.runner)
-        self.compute_dtype = resolve_compute_dtype(compute_dtype, self.device.type)
-        _log_resolution_once(compute_dtype, self.compute_dtype, self.device.type)
+        self.compute_dtype = compute_dtype_for(compute_dtype, self.device)
         self.max_cache_tokens = self._cache_token_budget(max_cache_tokens, max_cache_bytes)
 
     @classmethod
@@ -493,15 +492,33 @@ def _cache_dtype(runner: ModelRunner) -> torch.dtype:
     return next(floating, torch.float32)
 
 
-_LOGGED_RESOLUTIONS: set[tuple[str, str, str]] = set()
+_LOGGED_RESOLUTIONS: set[tuple[str, str]] = set()
 
 
-def _log_resolution_once(requested: str, resolved: str, device_type: str) -> None:
-    """``compute_dtype: auto`` resolves by device; say once per process what it became, so no run has to guess."""
-    key = (requested, resolved, device_type)
-    if requested == "auto" and key not in _LOGGED_RESOLUTIONS:
-        _LOGGED_RESOLUTIONS.add(key)
-        logger.info("mrtpo replay: compute_dtype auto -> %s on %s", resolved, device_type)
+def compute_dtype_for(requested: str, device: torch.device) -> str:
+    """``replay.compute_dtype`` for a scorer on ``device``: ``auto`` resolved (:func:`resolve_compute_dtype`), and
+    said once per process and device. Where ``auto`` would choose fp16 but this torch has no fp16 matmul with
+    float32 output on the device, ``auto`` takes tf32 (TF32's 10 mantissa bits, as fp16's, at half fp16's rate) and
+    says why; an explicit ``fp16`` is refused there instead (:func:`require_float32_output_mm`, at the first pass).
+    """
+    resolved = resolve_compute_dtype(requested, device.type)
+    if requested != "auto":
+        return resolved
+    why = ""
+    if resolved == "fp16":
+        missing = float32_output_mm_missing(device)
+        if missing is not None:
+            resolved, why = "tf32", f" (no fp16 matmul with float32 output here: {missing})"
+    if (resolved, str(device)) not in _LOGGED_RESOLUTIONS:
+        _LOGGED_RESOLUTIONS.add((resolved, str(device)))
+        logger.log(
+            logging.WARNING if why else logging.INFO,
+            "mrtpo replay: compute_dtype auto -> %s on %s%s",
+            resolved,
+            device,
+            why,
+        )
+    return resolved
 
 
 def _refuse_logit_post_processing(model: Any) -> None:

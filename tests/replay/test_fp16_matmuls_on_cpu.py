@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from benchmarks.replay_numerics import agreement, agreement_rows
 from mrtpo_verl.replay.contexts import ReplayContexts
 from mrtpo_verl.replay.fp16_matmuls import (
+    float32_output_mm_missing,
     fp16_attention,
     fp16_linear,
     fp16_matmul_compute,
@@ -149,3 +150,21 @@ def test_auto_is_fp16_on_cuda_and_fp32_elsewhere(smollm2: tuple[Any, Any], caplo
         assert ReplayScorer(model).compute_dtype == "fp32"
     said = [record.getMessage() for record in caplog.records if "compute_dtype auto" in record.getMessage()]
     assert said in ([], ["mrtpo replay: compute_dtype auto -> fp32 on cpu"])  # once per process (maybe said before)
+
+
+def test_auto_on_cuda_takes_tf32_where_torch_lacks_float32_output_fp16_matmuls(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What ``auto`` picks on a CUDA device, given the probe's answer (the probe itself needs CUDA: replaced here;
+    on this CPU it really reports the missing kernel, see the one-line refusal test above)."""
+    from mrtpo_verl.replay import scorer as scorer_module
+
+    cuda = torch.device("cuda", 0)  # a device object only: nothing runs on it
+    monkeypatch.setattr(scorer_module, "float32_output_mm_missing", lambda device: None)
+    assert scorer_module.compute_dtype_for("auto", cuda) == "fp16"
+    monkeypatch.setattr(scorer_module, "float32_output_mm_missing", lambda device: "no kernel")
+    with caplog.at_level("INFO", logger="mrtpo_verl.replay.scorer"):
+        assert scorer_module.compute_dtype_for("auto", cuda) == "tf32"
+    assert any(r.levelname == "WARNING" and "auto -> tf32 on cuda:0 (no fp16" in r.getMessage() for r in caplog.records)
+    assert scorer_module.compute_dtype_for("fp16", cuda) == "fp16"  # asked for: refused at its first pass instead
+    assert float32_output_mm_missing("cpu") is not None  # this CPU build has no such kernel
