@@ -10,8 +10,8 @@ Within :func:`fp16_matmul_compute`
 
 - everything but the matmuls computes in float32, as in :func:`~mrtpo_verl.replay.float32_compute.float32_compute`
   (residual stream, norms, softmax, embedding rows; autocast off; low-precision norm weights upcast);
-- ``F.linear`` (projections, MLP, LM head), ``matmul``/``bmm`` and ``scaled_dot_product_attention`` take their
-  tensor inputs as fp16 and give float32 outputs:
+- ``F.linear`` (projections, MLP, LM head), ``addmm`` (GPT-2-style ``Conv1D`` layers), ``matmul``/``bmm`` and
+  ``scaled_dot_product_attention`` take their tensor inputs as fp16 and give float32 outputs:
 
   - an activation is first multiplied by a power of two that brings its largest magnitude to at most 2**15, when
     it is larger (the residual stream of some models holds "massive activations" beyond fp16's 65504); a power of
@@ -179,6 +179,9 @@ class Float16Matmuls(Float32Compute):
             return fp16_linear(given["input"], self._fp16(given["weight"]), given.get("bias"))
         if func in _TWO_OPERANDS and len(args) == 2 and not kwargs:
             return fp16_matmul(*args)
+        if func is torch.addmm and len(args) == 3 and not kwargs:
+            bias, x, weight = args  # bias + x @ weight: GPT-2-style Conv1D layers, weight (in, out)
+            return fp16_linear(x, self._fp16(weight).t(), bias)
         if func is F.scaled_dot_product_attention:
             return fp16_attention(*args, **kwargs)
         return super().__torch_function__(func, types, args, kwargs)

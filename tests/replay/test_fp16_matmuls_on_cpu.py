@@ -80,10 +80,12 @@ def test_the_mode_routes_matmuls_through_fp16_and_leaves_the_rest_float32() -> N
         out = F.linear(x, weight16)
         product = x @ x.T
         embedded = F.embedding(torch.tensor([0, 5]), weight16)
+        conv1d = torch.addmm(torch.ones(6), x, weight16.T)  # GPT-2's Conv1D: bias + x @ weight (in, out)
         untouched = weight16 + weight16
     assert out.dtype == product.dtype == embedded.dtype == torch.float32
     assert torch.equal(out, F.linear(_fp16_rounded(x), weight16.float()))  # bf16 → fp16 is exact here
     assert torch.equal(product, _fp16_rounded(x) @ _fp16_rounded(x).T)
+    assert conv1d.dtype == torch.float32 and torch.equal(conv1d, out + 1)
     assert torch.equal(embedded, weight16.float()[[0, 5]])  # a lookup: upcast, not rounded
     assert untouched.dtype == torch.bfloat16
     with pytest.raises(RuntimeError):
