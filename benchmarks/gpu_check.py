@@ -26,7 +26,7 @@ Run on a machine with a CUDA GPU, PyTorch and Triton, from the repository root (
 (e) replay compute dtypes: the in-process replay's seconds per ``mrtpo.replay.compute_dtype`` on a 1.2B-parameter
     random-weight Llama and a group-like batch (:mod:`benchmarks.gpu_replay_dtypes`): ``model`` (bf16, the
     baseline), ``fp32``, ``tf32``, ``fp16`` (fp16 tensor-core matmuls, float32 accumulation); FAIL when fp16 takes
-    more than 1.1x the bf16 path (issue 21's time goal).
+    more than 1.1x the bf16 path (the replay's time goal).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The replay's time per ``compute_dtype`` on a GPU: the price of relevance that survives bf16.
 
-Issue 21's goal: relevance within 0.01 of float32's (max |Δq|) at ≤ 1.1× the replay time of the bf16 path
+The replay's goal: relevance within 0.01 of float32's (max |Δq|) at ≤ 1.1× the replay time of the bf16 path
 (``compute_dtype=model`` on bf16 weights). On CPU the agreement is measured (``benchmarks.replay_numerics``), the
 time is not: a CPU has fast bf16 matmuls and no fast fp16 ones, so ``fp16`` is emulated there. This stage times the
 in-process scorer on one GPU, each compute dtype on the weights the colocated replay would use for it:
@@ -93,9 +93,6 @@ def replay_dtype_results(device: str, dry_run: bool) -> list[tuple[str, str, str
     :data:`TIME_GOAL` (always ok in a dry run: CPU timings mean nothing)."""
     from mrtpo_verl.replay.model_loading import cast_parameters
     from mrtpo_verl.replay.scorer import ReplayScorer
-
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 row's IEEE matmuls (the scorer pins it too)
 
     workload = DRY_RUN_WORKLOAD if dry_run else GPU_WORKLOAD
     items = _items(workload)

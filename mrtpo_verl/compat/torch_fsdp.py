@@ -92,7 +92,8 @@ def gathered_as_stored(root: nn.Module, gather_dtype: torch.dtype | None = None)
     Each module is resharded (local, frees gathered parameters) on entry and on exit, so that the buffers a gather
     fills are made anew in the stored dtype at the block's first gather, and the ``param_dtype`` buffers FSDP keeps
     for reuse come back unchanged after it. A gather inside the block moves the stored dtype's bytes (twice bf16's
-    for float32 shards). Shards stored in ``param_dtype`` (verl's ``model_dtype=bf16``) gather as before.
+    for float32 shards). Without ``gather_dtype``, shards stored in ``param_dtype`` (verl's ``model_dtype=bf16``)
+    gather as before.
 
     The input cast is turned off by :func:`forward_inputs_uncast` (float32 weights would refuse bf16 inputs).
 

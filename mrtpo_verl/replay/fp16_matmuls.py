@@ -216,15 +216,16 @@ def require_float32_output_mm(device: str | torch.device) -> None:
 
 
 @contextmanager
-def fp16_matmul_compute(device_type: str, keep_upcast: torch.Tensor | None = None) -> Iterator[None]:
-    """Autocast off on ``device_type`` and :class:`Float16Matmuls` on, for the block's forward passes. torch's float32
+def fp16_matmul_compute(device: torch.device | str, keep_upcast: torch.Tensor | None = None) -> Iterator[None]:
+    """Autocast off on ``device``'s type and :class:`Float16Matmuls` on, for the block's forward passes. torch's float32
     matmul precision is pinned to ``"highest"`` so that the emulated products (a CPU's) are IEEE float32 products of
-    the fp16 values, as tensor cores form them. On CUDA, :func:`require_float32_output_mm` first."""
-    if device_type == "cuda":
-        require_float32_output_mm(torch.device("cuda", torch.cuda.current_device()))
+    the fp16 values, as tensor cores form them. On CUDA, :func:`require_float32_output_mm` on ``device`` first."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        require_float32_output_mm(device)
     with (
         matmul_precision("highest"),
-        torch.autocast(device_type=device_type, enabled=False),
+        torch.autocast(device_type=device.type, enabled=False),
         Float16Matmuls(keep_upcast),
     ):
         yield

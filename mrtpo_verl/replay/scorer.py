@@ -324,11 +324,9 @@ class ReplayScorer:
         """For the float32 compute dtypes, the weights as stored (a sharded model's float32 masters, not their bf16
         gather: then relevance is the float32 model's; and no FSDP2 cast of each sharded layer's inputs, the
         residual stream, to bf16), else as the engine computes with them."""
-        if self.compute_dtype == "fp16":
-            return self.runner.weights_as_stored(torch.float16)
-        if self.compute_dtype in FLOAT32_COMPUTE_DTYPES:
-            return self.runner.weights_as_stored()
-        return nullcontext()
+        if self.compute_dtype not in FLOAT32_COMPUTE_DTYPES:
+            return nullcontext()
+        return self.runner.weights_as_stored(torch.float16 if self.compute_dtype == "fp16" else None)
 
     @contextmanager
     def _computing(self) -> Iterator[None]:
@@ -343,7 +341,7 @@ class ReplayScorer:
         with float32_capable_attention(self.model):
             head = getattr(self.runner, "lm_head", None)
             if self.compute_dtype == "fp16":
-                with fp16_matmul_compute(self.device.type, keep_upcast=getattr(head, "weight", None)):
+                with fp16_matmul_compute(self.device, keep_upcast=getattr(head, "weight", None)):
                     yield
                 return
             if self.runner.computes_in_float32():

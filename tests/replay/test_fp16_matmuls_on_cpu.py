@@ -139,19 +139,24 @@ def test_the_fp16_compute_budgets_float32_keys_and_values(models: dict[str, Any]
     assert scorer.max_cache_tokens == budget // cache_bytes_per_token(models["bf16"].config, torch.float32)
 
 
-def test_auto_is_fp16_on_cuda_and_fp32_elsewhere(smollm2: tuple[Any, Any], caplog: pytest.LogCaptureFixture) -> None:
+def test_auto_is_fp16_on_cuda_and_fp32_elsewhere(
+    smollm2: tuple[Any, Any], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mrtpo_verl.config import ReplayConfig, resolve_compute_dtype
 
     assert ReplayConfig().compute_dtype == "auto"
     assert resolve_compute_dtype("auto", "cuda") == "fp16"
     assert resolve_compute_dtype("auto", "cpu") == "fp32"
     assert [resolve_compute_dtype(name, "cuda") for name in ("fp32", "tf32", "model")] == ["fp32", "tf32", "model"]
+    from mrtpo_verl.replay import scorer as scorer_module
+
     model, _ = smollm2
+    monkeypatch.setattr(scorer_module, "_LOGGED_RESOLUTIONS", set())  # as in a fresh process
     with caplog.at_level("INFO", logger="mrtpo_verl.replay.scorer"):
         assert ReplayScorer(model).compute_dtype == "fp32"  # this CPU
         assert ReplayScorer(model).compute_dtype == "fp32"
     said = [record.getMessage() for record in caplog.records if "compute_dtype auto" in record.getMessage()]
-    assert said in ([], ["mrtpo replay: compute_dtype auto -> fp32 on cpu"])  # once per process (maybe said before)
+    assert said == ["mrtpo replay: compute_dtype auto -> fp32 on cpu"]  # said once, not per scorer
 
 
 def test_auto_on_cuda_takes_tf32_where_torch_lacks_float32_output_fp16_matmuls(
@@ -162,6 +167,7 @@ def test_auto_on_cuda_takes_tf32_where_torch_lacks_float32_output_fp16_matmuls(
     from mrtpo_verl.replay import scorer as scorer_module
 
     cuda = torch.device("cuda", 0)  # a device object only: nothing runs on it
+    monkeypatch.setattr(scorer_module, "_LOGGED_RESOLUTIONS", set())  # as in a fresh process
     monkeypatch.setattr(scorer_module, "float32_output_mm_missing", lambda device: None)
     assert scorer_module.compute_dtype_for("auto", cuda) == "fp16"
     monkeypatch.setattr(scorer_module, "float32_output_mm_missing", lambda device: "no kernel")
