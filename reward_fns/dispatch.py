@@ -80,9 +80,16 @@ def reward_keys(families: Sequence[str] | str | None = None, max_constraints: in
 
 def counter_keys(families: Sequence[str] | str | None = None) -> tuple[str, ...]:
     """The numeric ``reward/<family>/internal_errors`` and ``reward/<family>/timeouts`` keys of every
-    selected family, in a fixed order."""
+    selected family and its own counters (its module's ``COUNTER_KEYS``, e.g. instruction following's
+    ``language_undetected``), in a fixed order."""
     return tuple(
-        key for family in _selected(families) for key in (internal_errors_key(family.name), timeouts_key(family.name))
+        key
+        for family in _selected(families)
+        for key in (
+            internal_errors_key(family.name),
+            timeouts_key(family.name),
+            *getattr(family.module, "COUNTER_KEYS", ()),
+        )
     )
 
 

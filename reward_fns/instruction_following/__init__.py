@@ -13,6 +13,7 @@ from reward_fns.instruction_following.checkers import (
     unsupported_reason,
 )
 from reward_fns.instruction_following.verifier import (
+    COUNTER_KEYS,
     EMPTY_SLOT_INFO,
     EMPTY_SLOT_SCORE,
     MAX_CONSTRAINTS,
@@ -25,6 +26,7 @@ DATA_SOURCES: tuple[str, ...] = ("ifeval", "ifbench", "muldimif", "instruction_f
 """Data sources routed here (the dispatcher matches case-insensitively, exact or as prefix)."""
 
 __all__ = [
+    "COUNTER_KEYS",
     "DATA_SOURCES",
     "EMPTY_SLOT_INFO",
     "EMPTY_SLOT_SCORE",

@@ -89,17 +89,53 @@ class ConstraintResult:
         description: The checker's own sentence for the constraint, with its arguments.
         checker_error: The exception the checker raised on the response, "" if none
             (a constraint whose checker raised counts as not followed).
+        language_undetected: ``langdetect`` could not place the response's language during the
+            check (IFEval then counts the constraint as followed).
     """
 
     instruction_id: str
     followed: bool
     description: str
     checker_error: str = ""
+    language_undetected: bool = False
 
 
 _logger = logging.getLogger(__name__)
 _registry_lock = threading.Lock()
 _random_lock = threading.Lock()
+
+LANGUAGE_UNDETECTED_MESSAGE = "Unable to detect language for text"
+"""Start of the root-logger record IFEval's language checkers write, with the whole answer, when
+``langdetect`` cannot place an answer (the check then counts as followed)."""
+
+_language_checks = threading.local()
+
+
+class UndetectedLanguageFilter(logging.Filter):
+    """Keeps IFEval's "Unable to detect language" records out of the log and counts them per thread.
+
+    Installed on the root logger (where the checkers log them) by :func:`install_language_log_filter`;
+    :func:`_judge` reads the calling thread's count around each check, so every answer's verdict says
+    whether its language went undetected (``reward/instruction_following/language_undetected``).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "root" and str(record.msg).startswith(LANGUAGE_UNDETECTED_MESSAGE):
+            _language_checks.undetected = undetected_language_count() + 1
+            return False
+        return True
+
+
+def undetected_language_count() -> int:
+    """How many "Unable to detect language" records the calling thread has logged (and the filter dropped)."""
+    return getattr(_language_checks, "undetected", 0)  # type: ignore[no-any-return]
+
+
+def install_language_log_filter() -> None:
+    """Adds :class:`UndetectedLanguageFilter` to the root logger of this process, once."""
+    root = logging.getLogger()
+    if not any(isinstance(installed, UndetectedLanguageFilter) for installed in root.filters):
+        root.addFilter(UndetectedLanguageFilter())
 
 
 @functools.cache
@@ -114,6 +150,8 @@ def _ifeval_registry() -> Mapping[str, type[InstructionChecker]]:
     langdetect.DetectorFactory.seed = 0
     # Load the language profiles now, not lazily inside a check run by several threads.
     langdetect.detector_factory.init_factory()
+    # The checkers log every answer langdetect cannot place, in full, on the root logger: counted instead.
+    install_language_log_filter()
     registry = importlib.import_module("eval_framework.tasks.ifeval.instructions_registry")
     return types.MappingProxyType(dict(registry.INSTRUCTION_DICT))
 
@@ -264,8 +302,10 @@ def check_constraint(instruction_id: str, kwargs: Mapping[str, Any], prompt: str
     if reason is not None:
         raise UnsupportedConstraintError(f"{instruction_id}: {reason}")
     checker, description = _build_checker(instruction_id, kwargs, prompt)
+    undetected_before = undetected_language_count()
     followed, checker_error = _judge(checker, response)
-    return ConstraintResult(instruction_id, followed, str(description), checker_error)
+    undetected = undetected_language_count() > undetected_before
+    return ConstraintResult(instruction_id, followed, str(description), checker_error, undetected)
 
 
 def _build_checker(instruction_id: str, kwargs: Mapping[str, Any], prompt: str) -> tuple[InstructionChecker, str]:

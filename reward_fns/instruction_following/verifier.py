@@ -57,6 +57,15 @@ EMPTY_SLOT_SCORE = 0.0
 EMPTY_SLOT_INFO = ""
 """Verifier information of a slot beyond the prompt's last constraint."""
 
+LANGUAGE_UNDETECTED_KEY = "reward/instruction_following/language_undetected"
+"""Numeric counter key: 1.0 when ``langdetect`` could not place the response's language in one of its
+checks (IFEval then counts that constraint as followed), else 0.0. The checkers' own log line for it,
+which carries the whole answer, is dropped (:class:`.checkers.UndetectedLanguageFilter`)."""
+
+COUNTER_KEYS = (LANGUAGE_UNDETECTED_KEY,)
+"""This family's numeric counters beyond ``internal_errors`` and ``timeouts`` (``reward_fns.dispatch``
+puts them in every sample's key set)."""
+
 _SLOT_PREFIX = "if_c"
 
 
@@ -162,8 +171,8 @@ def compute_score(
 
     Returns:
         ``"score"`` (the fraction of the prompt's constraints satisfied: IFEval's
-        instruction-level strict accuracy for this prompt), then ``if_c{i}`` and
-        ``if_c{i}_info`` for every slot.
+        instruction-level strict accuracy for this prompt), :data:`LANGUAGE_UNDETECTED_KEY`, then
+        ``if_c{i}`` and ``if_c{i}_info`` for every slot.
 
     Raises:
         ValueError: Malformed ground truth, or a prompt with more constraints than
@@ -280,9 +289,10 @@ def _layout(results: list[ConstraintResult], keys: tuple[str, ...]) -> dict[str,
         keys: The slot keys; at least as many as results.
 
     Returns:
-        The reward dict: score first, then each slot's value and info.
+        The reward dict: score and the language counter first, then each slot's value and info.
     """
     scores: dict[str, float | str] = {"score": sum(result.followed for result in results) / len(results)}
+    scores[LANGUAGE_UNDETECTED_KEY] = 1.0 if any(result.language_undetected for result in results) else 0.0
     for slot, key in enumerate(keys):
         if slot < len(results):
             scores[key] = 1.0 if results[slot].followed else 0.0
