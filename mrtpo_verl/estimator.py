@@ -48,6 +48,8 @@ __all__ = [
     "RELEVANCE_KEY",
     "compute_mrtpo_outcome_advantage",
     "group_normalised_rewards",
+    "relevance_coverage",
+    "relevance_coverage_metrics",
     "replay_needed",
     "reward_component_matrix",
 ]
@@ -166,8 +168,7 @@ def _beta_for_step(relevance: torch.Tensor | None, cfg: MRTPOConfig, global_step
     """β_s of this step; 0 when every weight is 1 (uniform ablation, no relevance, warm-up at 0)."""
     if cfg.ablation == "uniform":
         return 0.0
-    if relevance is None:
-        logger.warning("mrtpo: no %s in the batch; every token weight is 1 (GDPO) for this step", RELEVANCE_KEY)
+    if relevance is None:  # counted in mrtpo/relevance/missing (relevance_coverage_metrics)
         return 0.0
     if global_step is None:
         raise ValueError("mrtpo: global_step is needed for the β warm-up; pass it or open advantage_inputs(...)")
@@ -300,7 +301,94 @@ def compute_mrtpo_outcome_advantage(
 
     if inputs is not None:
         inputs.metrics.update(_step_metrics(cfg, beta_s, weight_maxima, reward_weights))
+        if cfg.ablation != "uniform" and cfg.beta > 0:  # where relevance decides the weights
+            inputs.metrics.update(relevance_coverage_metrics(relevance, reward_advantages, response_mask, global_step))
     return advantages, advantages
+
+
+def relevance_coverage(
+    relevance: torch.Tensor | None, reward_advantages: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[int, int, int]:
+    """How much of the batch trains with uniform token weights because its relevance is missing.
+
+    A pair (response j, reward k) *matters* when ``Â_k^(j) ≠ 0`` and the response has a valid token; it is
+    *uniform* when it matters and its relevance is 0 on every valid token (q̄ = 0 gives weight 1 everywhere: GDPO
+    for that pair), e.g. a row the replay could not fit, a failed replay under ``on_worker_failure: uniform``, a
+    leave-one-out context equal to the full one, or no relevance at all (``relevance`` None). Read
+    :func:`~mrtpo_verl.math.token_advantage.rows_per_block` rows at a time.
+
+    Args:
+        relevance: (bs, K, L) or None.
+        reward_advantages: (bs, K) ``Â``.
+        response_mask: (bs, L).
+
+    Returns:
+        (uniform pairs, rows with some but not all of their mattering pairs uniform, rows with all of them uniform).
+    """
+    block = rows_per_block(response_mask.shape[1])
+    pairs = partly = wholly = 0
+    for start in range(0, response_mask.shape[0], block):
+        rows = slice(start, start + block)
+        valid = response_mask[rows].bool()
+        matters = (reward_advantages[rows] != 0) & valid.any(dim=1, keepdim=True)
+        if relevance is None:
+            uniform = matters
+        else:
+            q = relevance[rows].to(valid.device)
+            uniform = matters & ~(torch.where(valid[:, None, :], q, 0.0).amax(dim=2) > 0)
+        per_row, mattering = uniform.sum(dim=1), matters.sum(dim=1)
+        pairs += int(per_row.sum())
+        wholly += int(((per_row == mattering) & (mattering > 0)).sum())
+        partly += int(((per_row > 0) & (per_row < mattering)).sum())
+    return pairs, partly, wholly
+
+
+_NAMED: set[str] = set()
+
+
+def relevance_coverage_metrics(
+    relevance: torch.Tensor | None,
+    reward_advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    global_step: int | None,
+) -> dict[str, float]:
+    """``mrtpo/relevance/missing`` (1: no relevance in the batch, the whole step is GDPO), ``pairs_uniform``,
+    ``rows_partly_uniform`` (scored with fewer rewards than matter for them) and ``rows_all_uniform``
+    (:func:`relevance_coverage`); each kind named once in the log, the first step it happens."""
+    pairs, partly, wholly = relevance_coverage(relevance, reward_advantages, response_mask)
+    metrics = {
+        "mrtpo/relevance/missing": float(relevance is None),
+        "mrtpo/relevance/pairs_uniform": float(pairs),
+        "mrtpo/relevance/rows_partly_uniform": float(partly),
+        "mrtpo/relevance/rows_all_uniform": float(wholly),
+    }
+    if relevance is None:
+        _name_once(
+            "missing",
+            "mrtpo: no %s in the batch at global step %s: every token weight is 1 (GDPO) for this step; counted in "
+            "mrtpo/relevance/missing. Run the estimator through the MRTPO trainer (its replay stage fills it)",
+            RELEVANCE_KEY,
+            global_step,
+        )
+    elif pairs:
+        _name_once(
+            "uniform",
+            "mrtpo: at global step %s, %d (response, reward) pair(s) with a nonzero advantage have no relevance and "
+            "train with uniform token weights (%d response(s) in part, %d wholly); counted every step in "
+            "mrtpo/relevance/pairs_uniform, rows_partly_uniform, rows_all_uniform. See mrtpo/replay/rows_unscored "
+            "(raise mrtpo.replay.max_context_tokens) and mrtpo/replay/failed",
+            global_step,
+            pairs,
+            partly,
+            wholly,
+        )
+    return metrics
+
+
+def _name_once(kind: str, message: str, *args: Any) -> None:
+    if kind not in _NAMED:
+        _NAMED.add(kind)
+        logger.warning(message, *args)
 
 
 def _step_metrics(
