@@ -218,6 +218,7 @@ def total_over_responses(
     read_ground_truth: GroundTruthReader,
     reward_keys: KeysOf,
     ground_truth_errors: tuple[type[Exception], ...] = (),
+    counters: tuple[str, ...] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., dict[str, Any]]]:
     """Decorate a family's ``compute_score`` to be total over responses (see the module docstring).
 
@@ -227,6 +228,8 @@ def total_over_responses(
         reward_keys: the family's reward keys for the call's arguments.
         ground_truth_errors: error types that, raised while scoring, mean the ground truth is unusable
             whatever the response (an instruction id no checker implements).
+        counters: the family's own numeric counter keys; 0.0 in every result that lacks them (a response
+            refused, timed out or failed internally), so every call returns the same key set.
 
     Returns:
         The decorator. The wrapped function takes the same arguments and returns the family's keys
@@ -269,6 +272,16 @@ def total_over_responses(
             _record_success(family)
             return result
 
-        return total_compute_score
+        if not counters:
+            return total_compute_score
+
+        @functools.wraps(compute_score)
+        def total_compute_score_with_counters(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            result = total_compute_score(*args, **kwargs)
+            for key in counters:
+                result[key] = float(result.get(key, 0.0))
+            return result
+
+        return total_compute_score_with_counters
 
     return decorate

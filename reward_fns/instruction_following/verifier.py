@@ -63,8 +63,8 @@ checks (IFEval then counts that constraint as followed), else 0.0. The checkers'
 which carries the whole answer, is dropped (:class:`.checkers.UndetectedLanguageFilter`)."""
 
 COUNTER_KEYS = (LANGUAGE_UNDETECTED_KEY,)
-"""This family's numeric counters beyond ``internal_errors`` and ``timeouts`` (``reward_fns.dispatch``
-puts them in every sample's key set)."""
+"""This family's numeric counters beyond ``internal_errors`` and ``timeouts``: in every result (0.0 when
+the response was not checked) and, through ``reward_fns.dispatch``, in every sample's key set."""
 
 _SLOT_PREFIX = "if_c"
 
@@ -130,6 +130,7 @@ def keys_for(arguments: Mapping[str, Any]) -> tuple[str, ...]:
     read_ground_truth=read_ground_truth,
     reward_keys=keys_for,
     ground_truth_errors=(UnsupportedConstraintError,),
+    counters=COUNTER_KEYS,
 )
 def compute_score(
     data_source: str,

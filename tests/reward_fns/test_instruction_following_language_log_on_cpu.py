@@ -16,6 +16,7 @@ import pytest
 from reward_fns import dispatch
 from reward_fns.instruction_following import compute_score
 from reward_fns.instruction_following.verifier import LANGUAGE_UNDETECTED_KEY, checked_in_thread
+from reward_fns.total import MAX_RESPONSE_CHARS
 
 GROUND_TRUTH = {
     "prompt": "Answer in English.",
@@ -57,6 +58,13 @@ def test_detected_language_is_not_counted() -> None:
     result = _score(ENGLISH)
     assert result[LANGUAGE_UNDETECTED_KEY] == 0.0
     assert result["if_c0"] == 1.0 and result["if_c1"] == 1.0
+
+
+def test_a_response_refused_unread_still_carries_the_counter() -> None:
+    result = _score("x" * (MAX_RESPONSE_CHARS + 1))
+    assert result["score"] == 0.0
+    assert result[LANGUAGE_UNDETECTED_KEY] == 0.0
+    assert set(result) == set(_score(ENGLISH))
 
 
 def test_the_dispatcher_carries_the_counter_for_every_sample() -> None:

@@ -86,7 +86,7 @@ def test_every_prompt_returns_the_same_keys(constraints: tuple) -> None:
     scores = _score("some response", *constraints)
 
     expected = {"score", "reward/instruction_following/internal_errors", "reward/instruction_following/timeouts"}
-    expected |= set(REWARD_KEYS)
+    expected |= {"reward/instruction_following/language_undetected", *REWARD_KEYS}
     assert set(scores) == expected | {f"{key}_info" for key in REWARD_KEYS}
     assert all(isinstance(scores[key], float) for key in ("score", *REWARD_KEYS))
     assert all(isinstance(scores[f"{key}_info"], str) for key in REWARD_KEYS)
