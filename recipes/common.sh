@@ -13,7 +13,7 @@ ADV_ESTIMATOR=${ADV_ESTIMATOR:-mrtpo}
 NNODES=${NNODES:-1}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 
-# --- trainer mode: verl's v1 modes with the MRTPO advantage step (README "Trainer modes") ---
+# --- trainer mode: verl's v1 modes with the MRTPO advantage step (docs/design.md "Trainer modes") ---
 # mrtpo_sync | mrtpo_colocate_async (one node: partial rollouts, weights pushed every step)
 # | mrtpo_separate_async (rollout on its own ROLLOUT_NNODES x ROLLOUT_GPUS_PER_NODE, multi-node)
 TRAINER_MODE=${TRAINER_MODE:-mrtpo_sync}

@@ -39,7 +39,7 @@ def test_every_registered_mode_is_accepted(mode: str, estimator: str) -> None:
     assert validate_run_config(config(f"trainer.v1.trainer_mode={mode}", *extra, estimator=estimator)) is not None
 
 
-#: verl's async-trainer options, each honoured by the MRTPO trainers (README "verl's async options").
+#: verl's async-trainer options, each honoured by the MRTPO trainers (docs/design.md "verl's async options").
 ASYNC_OPTIONS = (
     "algorithm.rollout_correction.bypass_mode=true",
     "trainer.v1.colocate_async.num_warmup_batches=2",
