@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "ABLATIONS",
     "CPU_REPLAY_BUDGETS",
+    "DEFAULT_AUDIT_EVERY",
     "DEFAULT_MAX_CACHE_BYTES",
     "DEFAULT_REPLAY_MAX_TOKENS_PER_CALL",
     "DEFAULT_REPLAY_MICRO_BATCH_SIZE",
@@ -48,6 +49,9 @@ COMPUTE_DTYPES = ("auto", "fp32", "tf32", "fp16", "model")
 FLOAT32_COMPUTE_DTYPES = ("fp32", "tf32", "fp16")
 #: What the advantage step does with a prompt group that lacks some of its ``rollout.n`` responses.
 INCOMPLETE_GROUP_POLICIES = ("normalise", "error")
+#: Steps between two audits of the replay's precision (each re-scores one sampled row per replay rank with IEEE
+#: float32 compute on the same weights; :mod:`mrtpo_verl.replay.audit`); the first audit runs at the first step.
+DEFAULT_AUDIT_EVERY = 100
 #: Key/value-cache bytes one prefix-sharing forward call may hold when neither ``replay.max_cache_bytes`` nor
 #: ``replay.max_cache_tokens`` is set: 4 GiB, sized for a GPU (5% of 80 GB). Per model that is e.g. 74,898 tokens
 #: of Qwen2.5-7B in bf16 (56 KiB a token), 32,768 of Llama-3.1-8B in bf16 (128 KiB), 93,206 of SmolLM2-135M in
@@ -115,6 +119,7 @@ class ReplayConfig:
     dedicated_cpus_per_worker: int = 1
     dedicated_dtype: str = "auto"
     compute_dtype: str = "auto"
+    audit_every: int = DEFAULT_AUDIT_EVERY
 
     def validate(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -161,6 +166,8 @@ class ReplayConfig:
             raise _fail("replay.dedicated_dtype", f"got {self.dedicated_dtype!r}", " | ".join(DEDICATED_DTYPES))
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise _fail("replay.compute_dtype", f"got {self.compute_dtype!r}", " | ".join(COMPUTE_DTYPES))
+        if not _is_int_at_least(self.audit_every, 0):
+            raise _fail("replay.audit_every", f"got {self.audit_every!r}", "an integer ≥ 0 (0 turns the audit off)")
 
     def _validate_cache_budget(self) -> None:
         """``max_cache_bytes`` and ``max_cache_tokens``: each null or an integer ≥ 1, and not both set."""

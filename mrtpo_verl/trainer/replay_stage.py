@@ -36,6 +36,7 @@ from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.estimator import replay_needed, reward_component_matrix
 from mrtpo_verl.metrics import relevance_metrics
 from mrtpo_verl.ray_metrics import publish
+from mrtpo_verl.replay.audit import GLOBAL_STEP_META_KEY, replay_report
 from mrtpo_verl.replay.batch_relevance import request_group_constant
 
 __all__ = ["ReplayBackend", "ReplayStage", "ReplayWorkerFailed", "build_replay_stage", "build_request"]
@@ -112,6 +113,7 @@ class ReplayStage:
         if before_step is not None:
             metrics.update(before_step(global_step))
         request = build_request(data, self.cfg, needed)
+        request.meta_info[GLOBAL_STEP_META_KEY] = global_step  # the ranks' audit schedule and seed
         start = time.perf_counter()
         try:
             answer = self.backend.compute_relevance(request)
@@ -125,6 +127,8 @@ class ReplayStage:
                 "the replay's answer is float32"
             )
         metrics.update(self._stage_metrics(answer, needed, elapsed))
+        # The ranks' compute dtypes, fallbacks and precision audit (mrtpo_verl.replay.audit).
+        metrics.update(replay_report(answer.meta_info.get("metrics") or {}, global_step, self.cfg.replay.compute_dtype))
         if metrics["mrtpo/replay/rows_unscored"]:
             logger.warning(
                 "mrtpo replay at global step %d: %d response(s) did not fit mrtpo.replay.max_context_tokens=%s even "

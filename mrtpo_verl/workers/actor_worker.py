@@ -56,27 +56,38 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
         Returns:
             The answer on the ranks verl collects from (all of them without sequence parallelism), else None.
         """
+        from mrtpo_verl.replay.audit import compute_dtype_entries
         from mrtpo_verl.replay.batch_relevance import relevance_for_request
 
         if "actor" not in self.role:
             raise RuntimeError(f"mrtpo colocated replay needs the actor's model; this worker's role is {self.role!r}")
         builder, scorer, info_keys = self._colocated_replay(request.meta_info[MRTPO_BLOCK_META_KEY])
+        audit = self._mrtpo_replay[4]
         start = time.perf_counter()
         scorer.runner.begin_call()
         try:
             with actor_engine(self).eval_mode():
                 answer = relevance_for_request(request, builder, scorer, info_keys)
+                elapsed = time.perf_counter() - start
+                if audit.due(request):  # every rank on the same steps: the audit's passes are collectives too
+                    scorer.runner.begin_call()
+                    audited = audit(request, builder, info_keys, answer)
+                else:
+                    audited = {}
         except Exception as error:
             # The other ranks raise too, with this rank's message, instead of waiting for it in a collective.
             scorer.runner.release_peers_after_failure(error)
             raise
-        # verl's collect turns each rank's "metrics" dict into lists: the driver sees every rank's time.
-        answer.meta_info["metrics"] = {RANK_TIME_METRIC: time.perf_counter() - start}
+        # verl's collect turns each rank's "metrics" dict into lists: the driver sees every rank's figures.
+        requested = str(audit.replay.compute_dtype)
+        answer.meta_info["metrics"] = {RANK_TIME_METRIC: elapsed} | compute_dtype_entries(scorer, requested) | audited
         return answer if actor_engine(self).is_mp_src_rank_with_outputs() else None
 
     def _colocated_replay(self, mrtpo_block: dict[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:
-        """Context builder and scorer on the engine's model, built on the first call."""
+        """Context builder and scorer on the engine's model, built on the first call (with the scorer's float32
+        audit, :class:`~mrtpo_verl.replay.audit.ReplayAudit`, kept beside them)."""
         from mrtpo_verl.config import MRTPOConfig
+        from mrtpo_verl.replay.audit import ReplayAudit
         from mrtpo_verl.replay.contexts import ReplayContextBuilder
         from mrtpo_verl.replay.model_runners import ShardedModelRunner
         from mrtpo_verl.replay.scorer import ReplayScorer
@@ -99,8 +110,9 @@ class MRTPOActorRolloutRefWorker(ActorRolloutRefWorker):
             tokenizer = engine_tokenizer(engine)
             builder = ReplayContextBuilder.from_config(tokenizer, cfg.reward_keys, cfg.replay)
             scorer = ReplayScorer.from_config(runner, cfg.replay)
-            self._mrtpo_replay = (mrtpo_block, builder, scorer, cfg.verifier_info_keys)
-        _, builder, scorer, info_keys = self._mrtpo_replay
+            audit = ReplayAudit(scorer, cfg.replay)
+            self._mrtpo_replay = (mrtpo_block, builder, scorer, cfg.verifier_info_keys, audit)
+        _, builder, scorer, info_keys, _ = self._mrtpo_replay
         return builder, scorer, info_keys
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -25,9 +25,9 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, Ra
 
 from mrtpo_verl.compat.ray import liveness_call
 from mrtpo_verl.compat.verl import actor_param_dtype
-from mrtpo_verl.config import FLOAT32_COMPUTE_DTYPES, MRTPOConfig, resolve_compute_dtype
+from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.workers.balanced_split import dispatch_balanced
-from mrtpo_verl.workers.replay_worker import REPLAY_ROLE, ReplayWorker
+from mrtpo_verl.workers.replay_worker import REPLAY_ROLE, ReplayWorker, dedicated_weights_dtype, weights_to_send
 
 __all__ = [
     "ColocatedBackend",
@@ -58,6 +58,7 @@ def create_replay_worker_group(
     device: str = "cpu",
     cpus_per_worker: int = 1,
     dtype: str = "fp32",
+    actor_dtype: str = "bf16",
 ) -> RayWorkerGroup:
     """A ``RayWorkerGroup`` of replay workers, ``process_on_nodes[i]`` of them on node i, models loaded.
 
@@ -67,7 +68,9 @@ def create_replay_worker_group(
         process_on_nodes: workers per node (Ray places bundles node by node).
         device: "cpu" or "cuda"; on CPU each bundle asks for ``cpus_per_worker`` CPUs.
         cpus_per_worker: CPU threads of each worker.
-        dtype: the workers' model dtype (``fp32`` | ``bf16`` | ``fp16``).
+        dtype: the workers' model dtype (``fp32`` | ``bf16`` | ``fp16``), or ``auto``: each worker decides on its own
+            device (:func:`~mrtpo_verl.workers.replay_worker.dedicated_weights_dtype`; ask it with ``replay_dtypes``).
+        actor_dtype: the actor's compute dtype, for ``auto`` with ``compute_dtype: model``.
     """
     use_gpu = device == "cuda"
     _check_resources(process_on_nodes, use_gpu, cpus_per_worker)
@@ -82,6 +85,7 @@ def create_replay_worker_group(
         device=device,
         torch_threads=cpus_per_worker,
         dtype=dtype,
+        actor_dtype=actor_dtype,
     )
     group = RayWorkerGroup(
         resource_pool=pool,
@@ -228,23 +232,6 @@ def actor_compute_dtype(config: Any) -> str:
     return next(name for name, torch_dtype in DTYPES.items() if torch_dtype == dtype)
 
 
-def dedicated_weights_dtype(replay: Any, config: Any, device: str) -> str:
-    """The dtype the dedicated workers hold and receive the actor's weights in (a ``DTYPES`` name).
-
-    ``replay.dedicated_dtype`` when set; with ``auto``, float32 when the replay computes in float32 (the float32
-    model's relevance, as the colocated replay gathers verl's float32 master shards; an actor whose weights are
-    stored in bf16 then sends them exactly, at twice the bytes), fp16 for the fp16-matmul compute (the dtype its
-    matmuls read), else the actor's compute dtype. ``device``: the workers' device type (``compute_dtype: auto``
-    resolves by it).
-    """
-    if replay.dedicated_dtype != "auto":
-        return str(replay.dedicated_dtype)
-    compute_dtype = resolve_compute_dtype(replay.compute_dtype, device)
-    if compute_dtype == "fp16":
-        return "fp16"  # what its matmuls read: no cast at each use, half float32's memory and transfer
-    return "fp32" if compute_dtype in FLOAT32_COMPUTE_DTYPES else actor_compute_dtype(config)
-
-
 def build_backend(trainer: Any, cfg: MRTPOConfig) -> Any:
     """The backend ``mrtpo.replay.placement`` asks for, for a running verl trainer."""
     if cfg.replay.placement == "colocated":
@@ -252,11 +239,18 @@ def build_backend(trainer: Any, cfg: MRTPOConfig) -> Any:
     device = cfg.replay.dedicated_device
     if device == "auto":
         device = "cuda" if str(trainer.config.trainer.get("device", "cuda")) == "cuda" else "cpu"
-    dtype = dedicated_weights_dtype(cfg.replay, trainer.config, device)
     per_node = workers_per_node(cfg.replay.dedicated_workers, int(trainer.config.trainer.nnodes))
+    # dedicated_dtype auto is decided by each worker where its kernels are (its compute dtype probes its device).
     group = create_replay_worker_group(
-        cfg, trainer.config.actor_rollout_ref.model.path, per_node, device, cfg.replay.dedicated_cpus_per_worker, dtype
+        cfg,
+        trainer.config.actor_rollout_ref.model.path,
+        per_node,
+        device,
+        cfg.replay.dedicated_cpus_per_worker,
+        cfg.replay.dedicated_dtype,
+        actor_compute_dtype(trainer.config),
     )
+    dtype = weights_to_send(group.replay_dtypes())
     return DedicatedBackend(group, weight_source=lambda: actor_weights(trainer.actor_rollout_wg, dtype))
 
 

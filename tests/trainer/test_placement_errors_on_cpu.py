@@ -66,14 +66,21 @@ def test_dedicated_workers_load_in_float32_or_the_actors_compute_dtype_unless_to
     assert actor_compute_dtype(config({"param_dtype": "fp32"})) == "fp32"
     assert actor_compute_dtype(config({"param_dtype": "float16"})) == "fp16"
     # auto: the weights the compute reads: float32 for fp32/tf32 (compute auto on a CPU), fp16 for fp16 (compute auto
-    # on CUDA), the actor's compute dtype for compute_dtype=model.
+    # on CUDA), the actor's compute dtype for compute_dtype=model. The worker decides, from the compute dtype it
+    # resolved on its own device (here: compute auto resolved as on a device with or without the fp16 kernel).
+    from mrtpo_verl.config import resolve_compute_dtype
     from mrtpo_verl.workers.placement import dedicated_weights_dtype
 
-    def weights(device: str = "cpu", **replay: str) -> str:
-        return dedicated_weights_dtype(ReplayConfig(**replay), config(None), device)
+    def weights(device: str = "cpu", fp16_kernel: bool = True, **replay: str) -> str:
+        cfg = ReplayConfig(**replay)
+        compute = resolve_compute_dtype(cfg.compute_dtype, device)
+        if compute == "fp16" and cfg.compute_dtype == "auto" and not fp16_kernel:
+            compute = "tf32"
+        return dedicated_weights_dtype(cfg.dedicated_dtype, compute, actor_compute_dtype(config(None)))
 
     assert weights() == "fp32"
     assert weights("cuda") == "fp16"
+    assert weights("cuda", fp16_kernel=False) == "fp32"  # auto fell back to tf32 on the worker: float32 weights
     assert weights(compute_dtype="tf32") == weights("cuda", compute_dtype="fp32") == "fp32"
     assert weights(compute_dtype="model") == weights("cuda", compute_dtype="model") == "bf16"
     assert weights(compute_dtype="model", dedicated_dtype="fp16") == "fp16"
