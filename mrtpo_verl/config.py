@@ -85,8 +85,7 @@ def _fail(field_path: str, problem: str, allowed: str) -> MRTPOConfigError:
 
 def _plain(value: Any) -> Any:
     """OmegaConf containers → plain Python, without importing omegaconf here."""
-    to_container = getattr(type(value), "to_container", None)
-    if to_container is not None:  # an omegaconf DictConfig / ListConfig
+    if type(value).__module__.startswith("omegaconf."):  # an omegaconf DictConfig / ListConfig
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(value, resolve=True)

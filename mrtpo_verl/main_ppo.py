@@ -6,7 +6,7 @@ verl's own ``validate_config`` — then hands the config to verl's own hydra ``m
 a given config straight through), which starts Ray and the trainer registered as
 ``trainer.v1.trainer_mode``. With ``mrtpo.dry_run=true`` (any estimator) it also checks what the
 run would read (data files and their columns, model, tokenizer, reward function; see
-:mod:`mrtpo_verl.run_inputs`), prints the resolved config and exits without starting Ray.
+:mod:`mrtpo_verl.startup.inputs`), prints the resolved config and exits without starting Ray.
 
 A mistake in the command line or the config ends the process with one line on stderr,
 ``error: <field>: <value and problem>; <fix>``, and exit status 2; ``MRTPO_TRACEBACK=1`` (or
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from mrtpo_verl.cli_errors import EXIT_CODE, ConfigMistake, one_line, report, wants_traceback
-from mrtpo_verl.startup import validate_run_config
+from mrtpo_verl.startup import check_run
+from mrtpo_verl.startup.mistakes import EXIT_CODE, one_line, report, wants_traceback
 
 #: What the command line's run found: the mistake (with the error it came from) or None; set by ``main``.
 _outcome: dict[str, BaseException | None] = {"mistake": None}
@@ -37,20 +37,9 @@ def dry_run(config: DictConfig) -> None:
 
 
 def check_config(config: DictConfig) -> None:
-    """Every start-up check that needs neither Ray nor a model; the dry run adds the run's inputs."""
-    from mrtpo_verl.config_checks import check_estimator, check_value_types, check_verl_config
-
-    dry = OmegaConf.select(config, "mrtpo.dry_run", default=False)
-    if not isinstance(dry, bool):
-        raise ConfigMistake(f"mrtpo.dry_run: got {dry!r} (allowed: true | false)")
-    check_estimator(config)
-    validate_run_config(config)
-    check_value_types(config, _defaults())
-    check_verl_config(config)
-    if dry:
-        from mrtpo_verl.run_inputs import check_run_inputs
-
-        check_run_inputs(config)
+    """Every start-up check that needs neither Ray nor a model (:func:`mrtpo_verl.startup.check_run`, this
+    process's one call); the dry run adds the run's inputs."""
+    check_run(config, defaults=_defaults())
 
 
 def _defaults() -> DictConfig:

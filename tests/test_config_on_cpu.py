@@ -196,8 +196,8 @@ def test_valid_reward_deadline_settings_pass() -> None:
 
 def test_value_types_follow_verls_dataclasses_where_the_yaml_writes_an_integer() -> None:
     """verl's yaml writes ``top_p: 1`` and ``entropy_coeff: 0``; its dataclasses declare them floats."""
-    from mrtpo_verl.cli_errors import ConfigMistake
-    from mrtpo_verl.config_checks import check_value_types
+    from mrtpo_verl.startup.mistakes import ConfigMistake
+    from mrtpo_verl.startup.verl_config import check_value_types
 
     defaults = compose_trainer()
     floats = (
@@ -216,8 +216,8 @@ def test_the_dry_run_reads_json_data_files_as_verl_does(tmp_path) -> None:
     """verl's RLHFDataset reads .json/.jsonl besides parquet: the dry run checks them with the same rules."""
     import json
 
-    from mrtpo_verl.cli_errors import ConfigMistake
-    from mrtpo_verl.run_inputs import check_data_file
+    from mrtpo_verl.startup.inputs import check_data_file
+    from mrtpo_verl.startup.mistakes import ConfigMistake
 
     config = compose_trainer(*MULTI_REWARD_RUN)
     row = {"prompt": [{"role": "user", "content": "hi"}], "data_source": "spider"}

@@ -20,7 +20,10 @@ FORBIDDEN = {
     "trainer": ("mrtpo_verl.demo",),
     "workers": ("mrtpo_verl.demo",),
     "credit": ("mrtpo_verl.demo", "mrtpo_verl.trainer", "mrtpo_verl.workers"),
+    "startup": ("mrtpo_verl.demo", "mrtpo_verl.trainer", "mrtpo_verl.workers", "mrtpo_verl.replay"),
 }
+#: What no module of the product (``mrtpo_verl``, ``reward_fns``) imports: the CPU backend, tests, benchmarks.
+OUTSIDE_THE_PRODUCT = ("mrtpo_cpu", "tests", "benchmarks", "recipes")
 
 
 def module_name(path: Path) -> str:
@@ -88,3 +91,12 @@ def test_the_check_does_not_flag_lookalikes() -> None:
         "import mrtpo_verl.demographics\nfrom .demo_helpers import x\n", "mrtpo_verl.trainer.probe", False
     )
     assert not [n for n in imports if n == "mrtpo_verl.demo" or n.startswith("mrtpo_verl.demo.")], imports
+
+
+@pytest.mark.parametrize("package", ["mrtpo_verl", "reward_fns"])
+def test_the_product_imports_nothing_from_outside_it(package: str) -> None:
+    """The CPU backend (``mrtpo_cpu``), the tests and the benchmarks sit beside the product, never under it."""
+    files = sorted((PACKAGE_ROOT.parent / package).rglob("*.py"))
+    assert files, f"no modules found under {package}"
+    found = [v for path in files for v in violations(path, OUTSIDE_THE_PRODUCT)]
+    assert not found, "the product imports from outside it:\n" + "\n".join(found)

@@ -15,7 +15,7 @@ from transformers import AutoConfig
 from mrtpo_verl.config import MRTPOConfigError
 from mrtpo_verl.replay.model_loading import EMBEDDED_GGUF_FILE, embedded_model_dir
 from mrtpo_verl.startup import validate_run_config
-from mrtpo_verl.startup_lengths import model_max_positions
+from mrtpo_verl.startup.lengths import model_max_positions
 from tests.test_config_on_cpu import MULTI_REWARD_RUN, compose_trainer
 
 SMOLLM2_MAX_POSITIONS = 8192
@@ -99,7 +99,7 @@ def test_a_gguf_file_is_read_and_an_unreadable_path_skips_only_the_model_check(
 ) -> None:
     assert model_max_positions(run(GGUF_PATH)) == SMOLLM2_MAX_POSITIONS
     missing = tmp_path / "no_model_here"
-    with caplog.at_level(logging.WARNING, logger="mrtpo_verl.startup_lengths"):
+    with caplog.at_level(logging.WARNING, logger="mrtpo_verl.startup.lengths"):
         mrtpo = validate_run_config(run(missing, *lengths(512, 1024), "mrtpo.replay.max_context_tokens=100000"))
     assert mrtpo is not None and mrtpo.replay.max_context_tokens == 100000
     assert "cannot read the model config" in caplog.text and str(missing) in caplog.text

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "TESTED_TORCH",
     "first_fsdp2_module",
     "forward_inputs_uncast",
     "gathered_as_stored",
@@ -20,6 +21,10 @@ __all__ = [
     "reshard",
     "wrapped_module",
 ]
+
+#: The torch minor versions (first, last, both included) the seams' contract tests ran on; ``setup.py``'s torch
+#: range says the same, and :mod:`mrtpo_verl.startup.torch_version` names a torch outside it at start-up.
+TESTED_TORCH = ("2.6", "2.13")
 
 
 def wrapped_module(module: nn.Module) -> nn.Module:

@@ -46,7 +46,7 @@ from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.estimator import reward_component_matrix
 from mrtpo_verl.metrics import reward_component_metrics, staleness_metrics
 from mrtpo_verl.ray_metrics import publish
-from mrtpo_verl.startup import MULTI_REWARD_ESTIMATORS, validate_run_config
+from mrtpo_verl.startup import MULTI_REWARD_ESTIMATORS, check_run
 from mrtpo_verl.trainer.group_completeness import (
     IncompleteGroupError,
     find_incomplete_groups,
@@ -88,7 +88,7 @@ class MRTPOStep(VerlTrainerSeam):
 
     def attach_mrtpo(self, replay_stage: Any = None) -> None:
         """Validate the ``mrtpo`` block and set up the replay stage (once the worker groups exist)."""
-        self.mrtpo_config = validate_run_config(self.config)
+        self.mrtpo_config = check_run(self.config, process="trainer").mrtpo
         if self.mrtpo_config is not None and str(self.config.algorithm.adv_estimator) == "mrtpo":
             if replay_stage is None:
                 from mrtpo_verl.trainer.replay_stage import build_replay_stage

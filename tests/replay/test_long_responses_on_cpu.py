@@ -24,7 +24,7 @@ from verl.protocol import DataProto
 
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
 from mrtpo_verl.math.token_weights import token_weights
-from mrtpo_verl.startup_lengths import resolve_replay_settings
+from mrtpo_verl.startup.lengths import resolve_replay_settings
 from mrtpo_verl.trainer.replay_stage import ReplayStage
 from mrtpo_verl.workers.placement import InProcessBackend
 from tests.support.verl_layout import verl_rollout_tensors

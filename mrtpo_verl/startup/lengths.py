@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from mrtpo_verl.config import MRTPOConfig, MRTPOConfigError
+from mrtpo_verl.startup.reads import RunReads
 
 __all__ = ["model_max_positions", "resolve_replay_settings"]
 
@@ -41,12 +41,17 @@ _POSITION_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_sequence_
 _SCALING_TYPES_WITH_STATED_LENGTH = ("default", "llama3", "longrope", "su")
 
 
-def resolve_replay_settings(config: DictConfig, mrtpo: MRTPOConfig) -> MRTPOConfig:
+def resolve_replay_settings(
+    config: DictConfig, mrtpo: MRTPOConfig, reads: RunReads | None = None, read_model: bool = True
+) -> MRTPOConfig:
     """``mrtpo`` with ``replay.max_context_tokens`` and ``replay.chat_template_kwargs`` resolved and checked.
 
     Args:
         config: the whole run config (verl's fields and the ``mrtpo`` block).
         mrtpo: the validated ``mrtpo`` block.
+        reads: the check's reads (the model config is read through it); a fresh one when None.
+        read_model: False skips the model's maximum position for a budget that is already set (a budget the
+            command line resolved and handed on); a null budget always reads it.
 
     Raises:
         MRTPOConfigError: an explicit budget that verl's lengths or the model's maximum position rule out, or
@@ -56,9 +61,9 @@ def resolve_replay_settings(config: DictConfig, mrtpo: MRTPOConfig) -> MRTPOConf
     prompt_length, response_length = _verl_lengths(config)
     verl_total = prompt_length + response_length
     model_path = OmegaConf.select(config, "actor_rollout_ref.model.path")
-    max_positions = model_max_positions(config)
-    lengths = f"data.max_prompt_length + data.max_response_length = {prompt_length} + {response_length}"
     budget = replay.max_context_tokens
+    max_positions = model_max_positions(config, reads) if read_model or budget is None else None
+    lengths = f"data.max_prompt_length + data.max_response_length = {prompt_length} + {response_length}"
     if budget is None:
         if max_positions is not None and verl_total > max_positions:
             raise MRTPOConfigError(
@@ -113,7 +118,7 @@ def _verl_lengths(config: DictConfig) -> tuple[int, int]:
     return lengths[0], lengths[1]
 
 
-def model_max_positions(config: DictConfig) -> int | None:
+def model_max_positions(config: DictConfig, reads: RunReads | None = None) -> int | None:
     """The actor model's maximum position from its config (no weights); None when it cannot be read here."""
     path = OmegaConf.select(config, "actor_rollout_ref.model.path")
     if not path:
@@ -122,13 +127,7 @@ def model_max_positions(config: DictConfig) -> int | None:
     field = "actor_rollout_ref.model.override_config"
     override = _plain_dict(OmegaConf.select(config, field, default=None), field)
     try:
-        from transformers import AutoConfig
-
-        local = Path(str(path)).expanduser()
-        if local.is_file() and local.suffix == ".gguf":  # a single GGUF file: its metadata holds the config
-            model_config = AutoConfig.from_pretrained(str(local.parent), gguf_file=local.name)
-        else:
-            model_config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        model_config = (reads or RunReads()).model_config(str(path), trust_remote_code)
     except Exception as error:  # a remote or missing path, an unknown architecture: not ours to judge here
         logger.warning(
             "mrtpo: cannot read the model config of %s (%s: %s); the replay budget is not checked against the "

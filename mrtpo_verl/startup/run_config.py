@@ -7,9 +7,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mrtpo_verl.config import MRTPOConfig, MRTPOConfigError
-from mrtpo_verl.startup_lengths import resolve_replay_settings
+from mrtpo_verl.startup.lengths import resolve_replay_settings
+from mrtpo_verl.startup.reads import RunReads
 
-__all__ = ["OUR_TRAINER_MODE", "REWARD_DISPATCH_PATH", "TRAINER_MODES", "known_reward_keys", "validate_run_config"]
+__all__ = [
+    "MULTI_REWARD_ESTIMATORS",
+    "OUR_TRAINER_MODE",
+    "REWARD_DISPATCH_PATH",
+    "TRAINER_MODES",
+    "known_reward_keys",
+    "validate_run_config",
+]
 
 #: The v1 trainers registered by :mod:`mrtpo_verl.trainer.mrtpo_trainer` → the verl mode each extends.
 TRAINER_MODES = {
@@ -44,8 +52,16 @@ def known_reward_keys(config: DictConfig) -> list[str] | None:
     return list(dispatch.reward_keys(list(families) if families is not None else None, kwargs.get("max_constraints")))
 
 
-def validate_run_config(config: DictConfig) -> MRTPOConfig | None:
+def validate_run_config(
+    config: DictConfig, reads: RunReads | None = None, read_model: bool = True
+) -> MRTPOConfig | None:
     """Validate the ``mrtpo`` block and its fit with verl's settings.
+
+    Args:
+        config: the whole run config.
+        reads: the check's reads (the model config, for the replay's budget); a fresh one when None.
+        read_model: False keeps an already set ``mrtpo.replay.max_context_tokens`` without reading the model
+            config (see :func:`mrtpo_verl.startup.lengths.resolve_replay_settings`).
 
     Returns:
         The validated block when the run uses ``mrtpo`` or ``gdpo``; None for other estimators.
@@ -75,7 +91,7 @@ def validate_run_config(config: DictConfig) -> MRTPOConfig | None:
         )
     if estimator == "mrtpo" and mrtpo.replay.placement == "colocated":
         _check_colocated_actor(config)
-    return resolve_replay_settings(config, mrtpo) if estimator == "mrtpo" else mrtpo
+    return resolve_replay_settings(config, mrtpo, reads, read_model) if estimator == "mrtpo" else mrtpo
 
 
 #: The reward kwargs that set how every family of ours checks a response (reward_fns.process_pool.deadline).
@@ -134,7 +150,7 @@ def _check_trainer_mode(config: DictConfig, mode: str, estimator: str) -> None:
     if backend == "naive":
         raise MRTPOConfigError(
             f"actor_rollout_ref.rollout.checkpoint_engine.backend: 'naive' with trainer_mode={mode} (allowed: nccl, "
-            "nixl, mooncake, …; verl's rule; on CPU: gloo, from mrtpo_verl.cpu_support): the standalone rollout "
+            "nixl, mooncake, …; verl's rule; on CPU: gloo, from mrtpo_cpu): the standalone rollout "
             "pool receives weights through a checkpoint engine"
         )
     # With mrtpo.replay.placement=colocated the replay runs on the trainer's pool (the actor's processes),
@@ -143,6 +159,6 @@ def _check_trainer_mode(config: DictConfig, mode: str, estimator: str) -> None:
 
 def _check_colocated_actor(config: DictConfig) -> None:
     """The colocated replay runs on the actor engine's FSDP2 model: its options are checked one by one."""
-    from mrtpo_verl.startup_engine import check_colocated_engine
+    from mrtpo_verl.startup.engine import check_colocated_engine
 
     check_colocated_engine(config)

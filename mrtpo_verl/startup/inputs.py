@@ -2,7 +2,7 @@
 
 Everything here is read the cheap way, without Ray and without model weights: parquet metadata and
 a few rows (``pyarrow``), the model's ``config.json`` and tokenizer (``transformers``), the reward
-function's module (verl's own loader). Each problem is a :class:`~mrtpo_verl.cli_errors.ConfigMistake`
+function's module (verl's own loader). Each problem is a :class:`~mrtpo_verl.startup.mistakes.ConfigMistake`
 that names the config field, the value and the fix.
 
 Columns, as verl 0.9.1 reads them: ``data.prompt_key`` (the chat messages) and ``data.reward_fn_key``
@@ -21,7 +21,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mrtpo_verl.cli_errors import ConfigMistake
+from mrtpo_verl.startup.mistakes import ConfigMistake
+from mrtpo_verl.startup.reads import RunReads
 
 __all__ = ["check_run_inputs"]
 
@@ -31,9 +32,12 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 
 
-def check_run_inputs(config: DictConfig) -> None:
-    """Data files, model and tokenizer, reward function; raise :class:`ConfigMistake` on the first problem."""
-    check_model(config)
+def check_run_inputs(config: DictConfig, reads: RunReads | None = None) -> None:
+    """Data files, model and tokenizer, reward function; raise :class:`ConfigMistake` on the first problem.
+
+    ``reads`` holds what the other start-up checks already read (the model config); a fresh one when None.
+    """
+    check_model(config, reads or RunReads())
     reward = _reward_function(config)
     for field in ("data.train_files", "data.val_files"):
         for path in _files(config, field):
@@ -78,13 +82,13 @@ def _remote(path: str) -> bool:
     return "://" in path  # hdfs://, s3://: verl copies them at start-up; nothing to check locally
 
 
-def check_model(config: DictConfig) -> None:
+def check_model(config: DictConfig, reads: RunReads | None = None) -> None:
     """``actor_rollout_ref.model.path``: config.json, weights and tokenizer, as verl will load them."""
     model = config.actor_rollout_ref.model
     path = str(model.path)
     trust = bool(OmegaConf.select(model, "trust_remote_code", default=False))
     if not _remote(path):
-        _check_model_folder("actor_rollout_ref.model.path", path, trust)
+        _check_model_folder("actor_rollout_ref.model.path", path, trust, reads or RunReads())
     tokenizer_path = OmegaConf.select(model, "tokenizer_path", default=None)
     field = "actor_rollout_ref.model.tokenizer_path" if tokenizer_path else "actor_rollout_ref.model.path"
     source = str(tokenizer_path or path)
@@ -111,12 +115,10 @@ def _local_or_hub(field: str, path: str) -> str:
     raise ConfigMistake(f"{field}: {path!r} does not exist (allowed: a local model folder or a Hugging Face id)")
 
 
-def _check_model_folder(field: str, path: str, trust: bool) -> None:
-    from transformers import AutoConfig
-
+def _check_model_folder(field: str, path: str, trust: bool, reads: RunReads) -> None:
     source = _local_or_hub(field, path)
     try:
-        AutoConfig.from_pretrained(source, trust_remote_code=trust)
+        reads.model_config(source, trust)
     except Exception as error:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         where = "in the local Hugging Face cache (HF_HUB_OFFLINE=1) " if offline and source == path else ""
@@ -179,7 +181,7 @@ def check_data_file(config: DictConfig, field: str, path: str, reward: dict[str,
                 f"{field}: {path!r} has no column {key!r} ({setting}); columns: {columns}; set {setting} to the "
                 "right column or prepare the data with recipes/data/prepare_<task>.py"
             )
-    from mrtpo_verl.startup import REWARD_DISPATCH_PATH
+    from mrtpo_verl.startup.run_config import REWARD_DISPATCH_PATH
 
     if reward is not None and reward.get("path") == REWARD_DISPATCH_PATH:
         _check_our_reward_columns(field, path, parquet, columns, source_key, reward)

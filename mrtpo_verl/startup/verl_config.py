@@ -17,8 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mrtpo_verl.cli_errors import ConfigMistake
 from mrtpo_verl.compat.omegaconf import WrittenValue, written_value
+from mrtpo_verl.startup.mistakes import ConfigMistake
 
 __all__ = ["check_estimator", "check_value_types", "check_verl_config"]
 
@@ -121,7 +121,7 @@ def check_estimator(config: DictConfig) -> None:
     name = str(OmegaConf.select(config, "algorithm.adv_estimator"))
     known = sorted({AdvantageEstimator.GAE.value, *ADV_ESTIMATOR_REGISTRY})
     if name not in known:
-        from mrtpo_verl.cli_errors import closest
+        from mrtpo_verl.startup.mistakes import closest
 
         guess = closest(name, known)
         raise ConfigMistake(
