@@ -20,8 +20,8 @@ setup(
         "reward_fns": ["data/**/*"],
     },
     # Nothing here moves a package of a verl[vllm]==0.9.1 environment (scripts/install_check.py, whose result
-    # tests/test_install_check_on_cpu.py holds this list to). torch: the minor versions the seams' contract tests
-    # ran on (mrtpo_verl.compat.torch_fsdp.TESTED_TORCH); install your CUDA (or the CPU) build first.
+    # tests/test_install_check_on_cpu.py holds this list to). torch: the minor versions the seams to torch are
+    # written for (mrtpo_verl.compat.torch_fsdp.TESTED_TORCH); install your CUDA (or the CPU) build first.
     install_requires=[
         "verl[verl-core]==0.9.1",
         "torch>=2.6,<2.14",
