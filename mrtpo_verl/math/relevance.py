@@ -27,13 +27,12 @@ _LN2 = math.log(2.0)
 # entry's term p · log1p(ratio) is then exactly 0; it is below half an ulp of 2p for every p ≥ 1e-22.
 _TINY = 1e-30
 # The torch path reduces at most this many entries per block on CPU (4 MiB per float32 buffer, whatever `chunk` is)
-# so that its dozen element-wise passes over a block read from cache (L3 here) instead of memory, while the blocks stay
-# big enough that per-op dispatch is small. Measured on a 2-core EPYC (1 MiB L2/core, 32 MiB L3), ns per entry pair
-# at vocab 49,152 / 151,936: 2^18: 1.80 / 2.30, 2^19: 1.55 / 1.74, 2^20: 1.60 / 1.52, 2^21: 2.04 / 2.01.
-# torch.compile of the same block (inductor, C++) was no faster: the work is transcendental, not memory traffic.
+# so that its dozen element-wise passes over a block read from cache (L3) instead of memory, while the blocks stay
+# big enough that per-op dispatch is small.
 _BLOCK_ENTRIES = 1 << 20
 # On a GPU the torch path (the fallback without Triton) wants big blocks (few launches), capped so that its four
-# buffers stay ~5% of the two full float32 distributions of a 4,096 x 151,936 response (256 MiB vs 4.6 GiB).
+# buffers (4 × 2^24 float32 entries, 256 MiB) stay small beside the two full float32 distributions of a long
+# response (2 × tokens × vocab × 4 bytes).
 _GPU_BLOCK_ENTRIES = 1 << 24
 
 

@@ -41,10 +41,8 @@ the response's length (linearly for all but a few regular expressions), so the s
 constraints is at most the slowest single check of a response this long. The slowest found over
 adversarial answers for every instruction id (``python -m benchmarks.reward_throughput --tables inline``)
 is NLTK word-tokenising 512 one-character sentences (IFBench's ``words:words_position`` and
-``format:title_case``, IFEval's ``change_case:capital_word_frequency``): 36-45 ms of CPU; in wall time
-38 ms on a lightly loaded 2-core machine and at most 0.23 s at load average 10, a twentieth of the
-default 5 s deadline. The typical check
-(0.16 ms) costs less than a pool round trip; 97 % of IFEval's prompts echoed as answers fit."""
+``format:title_case``, IFEval's ``change_case:capital_word_frequency``), well under the default 5 s
+deadline; the typical check costs less than a pool round trip (timings: docs/reward_fns.md)."""
 
 MAX_CONSTRAINTS = 3
 """Default number of constraint slots: the most instructions any prompt has in the
@@ -214,7 +212,7 @@ def load_checkers_here() -> None:
     """Loads the checker libraries into this process once, as the pool's zygote does for its workers.
 
     The first call imports both libraries, writes NLTK's Punkt model if it is missing and checks a short
-    answer against every instruction id (NLTK's lazy loads), about 2 s; concurrent first calls wait for it.
+    answer against every instruction id (NLTK's lazy loads); concurrent first calls wait for it.
 
     Raises:
         reward_fns.total.VerifierFaultError: A library or its data cannot be loaded; raised on every call
@@ -245,7 +243,7 @@ def warm_up() -> None:
 
     Run once by the pool's zygote before it forks (``reward_fns.process_pool.zygote``) and once by
     :func:`load_checkers_here` in the reward process: the loads a first check makes lazily (NLTK's
-    tokenizers: about 0.1 s in all) then happen once, in one thread. A check that raises here is left
+    tokenizers) then happen once, in one thread. A check that raises here is left
     to raise again on a real answer.
     """
     seen: set[str] = set()

@@ -29,8 +29,8 @@ def default_workers() -> int:
 
 
 DEFAULT_WORKERS = default_workers()
-# Python with sqlite3 and sqlglot maps about 300 MB of address space before any query runs;
-# with the instruction-following checkers' libraries (nltk, langdetect, ...) about 500 MB.
+# Address space per worker: Python with sqlite3 and sqlglot, and the instruction-following checkers' libraries
+# (nltk, langdetect, ...), mapped before any check runs, plus room for the check itself.
 DEFAULT_MEMORY_LIMIT_BYTES = 1024**3
 # Below this a worker cannot even import its libraries.
 MIN_MEMORY_LIMIT_BYTES = 256 * 1024**2

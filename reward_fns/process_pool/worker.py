@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 # logs "Unable to detect language for text ..." with all 256 KiB of a hostile answer).
 MAX_LOG_MESSAGE_CHARS = 2_000
 # Largest file the worker may write. It opens databases read-only, so this bounds SQLite's
-# temporary files: a big ORDER BY spills about 800 MB to the temporary folder within 5 s otherwise.
+# temporary files: a big ORDER BY would otherwise spill hundreds of MB to the temporary folder within a deadline.
 MAX_TEMP_FILE_BYTES = 256 * 1024**2
 
 

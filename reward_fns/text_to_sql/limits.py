@@ -1,6 +1,6 @@
 """Cheap checks that run before any parser sees a response: size, encoding and nesting depth.
 
-sqlglot's parser spends about 10 µs per byte and recurses once per nesting level
+sqlglot's parser takes time linear in the bytes and recurses once per nesting level
 (46 nested parentheses exhaust Python's recursion limit), so a response is
 refused, with the reason, when
 

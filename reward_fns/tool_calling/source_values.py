@@ -35,7 +35,7 @@ JAVASCRIPT_KINDS: dict[str, str] = {
 }
 KINDS_BY_LANGUAGE = {JAVA: JAVA_KINDS, JAVASCRIPT: JAVASCRIPT_KINDS}
 _UNCONVERTIBLE_JAVA = frozenset({"Set", "Hashtable", "Queue", "Stack"})
-# Longest collection text read (module docstring): at most ~10 ms per value on one CPU core here.
+# Longest collection text read (module docstring): bounds the time spent on one value.
 MAX_COLLECTION_CHARS = 4096
 
 _DIGITS = re.compile(r"-?\d+$")

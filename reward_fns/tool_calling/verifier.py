@@ -23,10 +23,10 @@ from reward_fns.total import total_over_responses
 REWARD_KEYS: tuple[str, ...] = ("tool_format", "tool_correctness")
 TASKS_MODULE = "reward_fns.tool_calling.tasks"
 INLINE_MAX_CHARS = 4096
-"""Longest response checked in the calling thread. The slowest 4 KiB answer found (a Python call list,
-every BFCL category, ``tests/reward_fns/test_checker_growth_on_cpu.py``) takes about 1 ms, so even
-32 threads contending for the GIL stay three orders of magnitude under the deadline; the pool's
-round trip costs about as much as the check itself (1 ms on a loaded machine against 0.4 ms)."""
+"""Longest response checked in the calling thread: a check of this size (the slowest 4 KiB answer: a Python
+call list, every BFCL category, ``tests/reward_fns/test_checker_growth_on_cpu.py``) stays far under the
+deadline even with many threads contending for the GIL, and costs about as much as the pool's round trip
+(timings: docs/reward_fns.md)."""
 _PROBLEMS_SHOWN = 20  # the info string goes into a replay prompt: keep it short
 
 
