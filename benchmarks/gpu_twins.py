@@ -1,28 +1,28 @@
 """CUDA replay paths against their CPU twins: the same weights and contexts, each ``compute_dtype`` on both devices.
 
-The CPU twin of a mode is the path the test suite verifies on CPU: ``fp32`` (IEEE float32), ``tf32`` (float32 with
-TF32-rounded matmul inputs, emulated on CPU), ``fp16`` (fp16 matmul inputs with float32 accumulation, emulated on
-CPU) and ``model`` (bf16 weights computing in bf16). A CUDA path equal to its twin within the mode's tolerance
-inherits the twin's tested agreement with float32; each mode's own distance to float32 is printed beside it.
+The CPU twin of a mode is the path the test suite verifies on CPU: ``fp32`` (IEEE float32), ``tf32``
+(TF32-rounded inputs to the weight and attention products, emulated), ``fp16`` (fp16 inputs to those products with
+float32 accumulation, emulated) and ``model`` (bf16 weights computing in bf16). A CUDA path equal to its twin within
+the mode's tolerance inherits the twin's tested agreement with float32; each mode's own distance to float32 is
+printed beside it.
 
-Tolerances (max |Δq| between the CUDA relevance and its twin's, q a JS distance in [0, 1]), see docs/gpu_check.md:
+Tolerances (max |Δq| between the CUDA relevance and its twin's, q a JS distance in [0, 1]; :data:`TOLERANCES`, the
+figures behind them in docs/gpu_check.md):
 
-- ``fp32``: 1e-4. Both IEEE float32; they differ only in the order of summation and in the GPU's ``exp``/``log``,
-  so the gap is float32's own noise. A CUDA fp32 path that ran TF32 (a global ``allow_tf32`` or ``"high"``
-  precision leaking in) moves q by the TF32 mode's distance to float32, far above 1e-4: the tolerance separates
-  float32 from TF32.
-- ``tf32`` and ``fp16``: 2e-3. The twins round the same inputs to the same 10 mantissa bits; a float32 ordering
-  difference upstream flips an occasional rounding by one unit, so the gap stays well below the mode's distance to
-  float32, which it must not reach: a CUDA path that rounds where its twin does not (or the reverse) moves q by
-  about that distance.
-- ``model`` (bf16): 0.05. bf16's 8-bit rounding of every activation makes two bf16 computations of the same model
-  that differ only in kernels and batching differ by about bf16's own distance to float32 (0.035-0.058 on
-  SmolLM2-135M-Instruct, benchmarks/replay_numerics_latest.md); the twin shows the CUDA bf16 path is the same
-  model at bf16's noise, not more.
+- ``fp32``: both sides IEEE float32, differing only in the order of summation and in the GPU's ``exp``/``log``: the
+  gap is float32's own noise, and the tolerance sits far below the TF32 mode's distance to float32, so a CUDA fp32
+  path that ran TF32 (a global ``allow_tf32`` or ``"high"`` precision leaking in) fails;
+- ``tf32`` and ``fp16``: the twins round the same inputs to the same 10 mantissa bits; a float32 ordering difference
+  upstream flips an occasional rounding by one unit, so the gap stays well below the mode's distance to float32,
+  which a CUDA path that rounds where its twin does not (or the reverse) reaches;
+- ``model`` (bf16): bf16's 8-bit rounding of every activation makes two bf16 computations of one model that differ
+  only in kernels and batching differ by about bf16's own distance to float32; the tolerance is that distance: the
+  CUDA bf16 path is the same model at bf16's noise, not more.
 
-A negative control replays the ``fp16`` twin with RoPE's angle product ``position x inv_freq`` rounded to fp16
-(what the fp16 mode did when the rotary matmul went through it): at positions in the thousands that is an angle
-error of radians, and the comparison must FAIL, showing this stage can fail on these weights.
+A negative control replays the ``fp16`` twin (``tf32`` where fp16 cannot run) with RoPE's angle product
+``position x inv_freq`` rounded to fp16 (what a mode that reduced transformers' rotary matmul would compute): at
+positions in the thousands that is an angle error of radians, and the comparison must exceed the tolerance, showing
+the stage can fail on these weights.
 
 Models are built here with random weights at a trained-like scale (:func:`trained_like_`) from configs carried in
 code (no download): a small GQA Llama with Llama-3's vocabulary and RoPE base, and SmolLM2-135M-Instruct's config.
@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -336,7 +336,7 @@ def twin_rows(spec: TwinSpec, device: str, seed: int = 0) -> TwinResult:
         device_s, twin_s = seconds[mode]
         result.rows.append(
             (
-                f"{spec.name}: {device} vs CPU twin (max |dq|)",
+                f"{spec.name}: {device} vs CPU twin (max abs dq)",
                 f"compute_dtype={mode} ({device_s:.1f} s / CPU {twin_s:.1f} s)",
                 f"{gap:.1e} (by item, positions {_gap_by_item(devices[mode], twins[mode], items)})",
                 f"<= {tolerance:g}; {to_float32}",
@@ -380,7 +380,7 @@ def flash_attention_rows(spec: TwinSpec, device: str, implementation: str) -> Tw
         tolerance = TOLERANCES[resolved]
         result.rows.append(
             (
-                f"{spec.name}: {implementation} vs sdpa (max |dq|)",
+                f"{spec.name}: {implementation} vs sdpa (max abs dq)",
                 f"compute_dtype={mode} ({resolved}), {seconds:.1f} s",
                 f"{gap:.1e}",
                 f"<= {tolerance:g}",
@@ -393,8 +393,3 @@ def flash_attention_rows(spec: TwinSpec, device: str, implementation: str) -> Tw
 def _one_line(error: BaseException) -> str:
     text = str(error).splitlines()[0] if str(error) else ""
     return f"{type(error).__name__}: {text[:160]}"
-
-
-def run_rows(function: Callable[[], TwinResult]) -> list[tuple[str, str, str, str, bool]]:
-    """``function()``'s rows (a helper for the check's stage table)."""
-    return function().rows
