@@ -437,7 +437,10 @@ def probe_lines(device: str) -> list[str]:
 
 
 def stages(mode: str, device: str) -> list[Stage]:
+    """The stages in the order they run (the questions that decide defaults first). Budgets: seconds on one H100 from
+    the stage's FLOP and byte counts (docs/gpu_check.md), for the default run or ``--quick``'s smaller shapes."""
     sizes = {"full": GPU, "quick": QUICK, "engine": GPU, "dry": DRY_RUN}[mode]
+    quick = mode == "quick"
     copy: list[float] = []
 
     def bandwidth() -> list[Row]:
@@ -448,17 +451,22 @@ def stages(mode: str, device: str) -> list[Stage]:
         Stage(
             "replay twins: small Llama",
             "does each CUDA compute_dtype give its tested CPU twin's relevance (positions up to 8k)? can it fail?",
-            90,
+            55 if quick else 90,
             lambda: twin_stage_rows("llama", mode, device),
         ),
         Stage(
             "replay time per compute_dtype",
             "is auto within 1.1x the bf16 path? replay vs a plain forward + log-prob pass",
-            45,
+            25 if quick else 45,
             lambda: replay_dtype_rows(device, mode),
         ),
-        Stage("JS kernel correctness", "Triton kernel = torch path (1e-4)?", 30, lambda: correctness_rows(sizes)),
-        Stage("JS kernel bandwidth", "kernel bandwidth >= 60% of the device copy?", 30, bandwidth),
+        Stage(
+            "JS kernel correctness",
+            "Triton kernel = torch path (1e-4)?",
+            15 if quick else 30,
+            lambda: correctness_rows(sizes),
+        ),
+        Stage("JS kernel bandwidth", "kernel bandwidth >= 60% of the device copy?", 15 if quick else 30, bandwidth),
         Stage(
             "JS kernel launch sweep",
             "which launch configuration is fastest?",
@@ -483,7 +491,7 @@ def stages(mode: str, device: str) -> list[Stage]:
         ),
         Stage(
             "engine options",
-            "the README's GPU engine-option rows on verl's real actor worker",
+            "the GPU engine-option rows on verl's real actor worker",
             240,
             engine_option_rows,
             needs=ENGINE_PACKAGES,

@@ -25,6 +25,7 @@ the ratio a cluster user sees between the replay stage and that pass. Run by ``p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import time
@@ -126,6 +127,7 @@ def replay_dtype_results(device: str, dry_run: bool, quick: bool = False) -> lis
     """Per compute dtype: (setting, seconds and ratio to ``model``, reference, ok); then ``auto`` (what it resolves
     to on ``device``) against :data:`TIME_GOAL`, and the replay against a plain forward + log-prob pass of the same
     responses on the same bf16 model. Timing rows are always ok in a dry run (CPU timings mean nothing)."""
+    from benchmarks.gpu_twins import JS_PATH
     from mrtpo_verl.config import ReplayConfig
     from mrtpo_verl.replay.model_loading import cast_parameters
     from mrtpo_verl.replay.scorer import ReplayScorer, compute_dtype_for
@@ -146,7 +148,8 @@ def replay_dtype_results(device: str, dry_run: bool, quick: bool = False) -> lis
         model = cast_parameters(base, dtype)
         try:
             scorer = ReplayScorer.from_config(model, ReplayConfig(compute_dtype=compute_dtype))  # a cluster's budgets
-            relevance[compute_dtype] = scorer.score(items, needed).relevance.float().cpu()  # warm-up
+            score = functools.partial(scorer.score, items, needed)
+            relevance[compute_dtype] = JS_PATH.run(score).relevance.float().cpu()  # warm-up
         except Exception as error:  # e.g. fp16 refused where torch lacks the float32-output fp16 matmul
             errors[compute_dtype] = f"{type(error).__name__}: {str(error).splitlines()[0][:140]}"
             continue
@@ -155,7 +158,7 @@ def replay_dtype_results(device: str, dry_run: bool, quick: bool = False) -> lis
             if device == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            scorer.score(items, needed)
+            JS_PATH.run(score)
             timings.append(time.perf_counter() - start)
         seconds[compute_dtype] = statistics.median(timings)
     shape = f"{parameters / 1e9:.2f}B params"
@@ -195,4 +198,6 @@ def replay_dtype_results(device: str, dry_run: bool, quick: bool = False) -> lis
         )
     else:
         results.append((f"compute_dtype=auto -> {resolved}", errors.get(resolved, "not run"), "-", False))
+    if JS_PATH.failure is not None:  # the times above are then the torch JS path's
+        results.append(("the replay's Triton JS kernel", f"failed: {JS_PATH.failure}", "torch JS path timed", False))
     return results

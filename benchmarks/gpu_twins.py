@@ -31,14 +31,19 @@ code (no download): a small GQA Llama with Llama-3's vocabulary and RoPE base, a
 from __future__ import annotations
 
 import copy
+import functools
 import math
+import os
 import time
-from collections.abc import Iterator, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 __all__ = [
     "MODES",
@@ -136,7 +141,7 @@ def spec_for(model: str, mode: str, auto: str = "fp16") -> TwinSpec:
             "tiny Llama", TINY_LLAMA, ((64, 16, 24), (400, 32, 48)) if model == "llama" else ((64, 16, 24),)
         )
     if model == "smollm2":
-        return TwinSpec("SmolLM2-135M config", SMOLLM2_135M, ((1024, 96, 192), (1536, 96, 192)), control=False)
+        return TwinSpec("SmolLM2-135M config", SMOLLM2_135M, ((1536, 96, 192),), control=False)
     if model == "flash":
         return TwinSpec("Llama 4L GQA", TWIN_LLAMA, ((1024, 128, 256),), control=False)
     # A short context and one whose response ends near 8k positions (the long-context case RoPE rounding hurts);
@@ -252,6 +257,60 @@ def fp16_rounded_rotary(model: Any) -> Iterator[None]:
         rotary.forward = original
 
 
+class JsPath:
+    """The replay's JS path for the check's CUDA runs: the product's (the Triton kernel on CUDA) until the kernel fails
+    to compile or run; then the torch path for this and every later run, the failure kept in :attr:`failure`, so the
+    compute-dtype answers survive a broken kernel (the JS-kernel stages judge the kernel itself)."""
+
+    failure: str | None = None
+
+    def run(self, function: Callable[[], T]) -> T:
+        if self.failure is None:
+            try:
+                return function()
+            except Exception as error:
+                if not _raised_in_triton(error):
+                    raise
+                self.failure = _one_line(error)
+        with _torch_js_path():
+            return function()
+
+    def rows(self, name: str) -> list[tuple[str, str, str, str, bool]]:
+        """A FAIL row naming the kernel's failure, when there was one."""
+        if self.failure is None:
+            return []
+        return [(f"{name}: the replay's Triton JS kernel", "failed; the torch JS path ran", self.failure, "-", False)]
+
+
+#: Shared by the check's stages: a kernel that failed once is not compiled again.
+JS_PATH = JsPath()
+
+
+def _raised_in_triton(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from) came out of Triton or the JS kernel module."""
+    current: BaseException | None = error
+    while current is not None:
+        files = [frame.filename for frame in traceback.extract_tb(current.__traceback__)]
+        if any(f"{os.sep}triton{os.sep}" in name or name.endswith("js_triton.py") for name in files):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+@contextmanager
+def _torch_js_path() -> Iterator[None]:
+    """Within the block the replay scorer computes its JS distances with the torch path."""
+    from mrtpo_verl.math.relevance import js_distance_one_to_many
+    from mrtpo_verl.replay import scorer
+
+    original = scorer.js_distance_one_to_many
+    scorer.js_distance_one_to_many = functools.partial(js_distance_one_to_many, backend="torch")
+    try:
+        yield
+    finally:
+        scorer.js_distance_one_to_many = original
+
+
 def relevance(
     model: Any, items: Sequence[Any], needed: torch.Tensor, compute_dtype: str, context: Any = None
 ) -> tuple[torch.Tensor, float]:
@@ -302,13 +361,16 @@ def twin_rows(spec: TwinSpec, device: str, seed: int = 0) -> TwinResult:
             if device == "cpu":  # the dry run: the CUDA code path cannot run; the twin stands in for it
                 devices[mode], device_s = cpu_twin(model_device, items, needed, mode)
             else:
-                devices[mode], device_s = relevance(model_device, items, needed, mode)
+                devices[mode], device_s = JS_PATH.run(
+                    lambda mode=mode: relevance(model_device, items, needed, mode)  # type: ignore[misc]
+                )
+            twins[mode], twin_s = cpu_twin(model_cpu, items, needed, mode)
         except Exception as error:  # one mode failing (e.g. fp16 refused by this torch) must not hide the others
             result.rows.append(
                 (f"{spec.name}: {device} vs CPU twin", f"compute_dtype={mode}", _one_line(error), "-", False)
             )
+            devices.pop(mode, None)
             continue
-        twins[mode], twin_s = cpu_twin(model_cpu, items, needed, mode)
         seconds[mode] = (device_s, twin_s)
     reference = twins.get("fp32")
     if reference is not None:
@@ -343,6 +405,7 @@ def twin_rows(spec: TwinSpec, device: str, seed: int = 0) -> TwinResult:
                 gap <= tolerance,
             )
         )
+    result.rows += JS_PATH.rows(spec.name)
     controlled = next((mode for mode in ("fp16", "tf32") if mode in devices), None)
     if spec.control and controlled is not None:
         broken, _ = cpu_twin(model_cpu, items, needed, controlled, broken_rotary=True)
@@ -374,8 +437,8 @@ def flash_attention_rows(spec: TwinSpec, device: str, implementation: str) -> Tw
     result = TwinResult()
     for mode in ("model", "auto"):
         resolved = compute_dtype_for(mode, torch.device(device))
-        reference, _ = relevance(sdpa, items, needed, mode)
-        got, seconds = relevance(other, items, needed, mode)
+        reference, _ = JS_PATH.run(lambda mode=mode: relevance(sdpa, items, needed, mode))  # type: ignore[misc]
+        got, seconds = JS_PATH.run(lambda mode=mode: relevance(other, items, needed, mode))  # type: ignore[misc]
         gap = float((got - reference).abs().max())
         tolerance = TOLERANCES[resolved]
         result.rows.append(

@@ -157,3 +157,29 @@ def test_caches_are_pointed_at_a_temporary_folder(monkeypatch: pytest.MonkeyPatc
         assert os.environ["HF_HUB_OFFLINE"] == os.environ["TRANSFORMERS_OFFLINE"] == "1"
     finally:
         shutil.rmtree(folder)
+
+
+def test_a_failing_triton_kernel_leaves_the_replay_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nobody knows yet whether the kernel compiles on the GPU image's Triton: if it fails inside the replay, the CUDA
+    runs are redone with the torch JS path (the same relevance) and the failure becomes a FAIL row, so the
+    compute-dtype answers of a one-shot run survive it. The failure is simulated by a function whose code lives in a
+    file named like the kernel module (what the check looks for in the traceback)."""
+    from mrtpo_verl.replay import scorer
+
+    spec = gpu_twins.spec_for("flash", "dry")
+    model = gpu_twins.build_model(spec.config, 0)
+    items, needed = gpu_twins.items_for(spec)
+    expected, _ = gpu_twins.relevance(model, items, needed, "fp32")
+    namespace: dict[str, object] = {}
+    kernel_source = "def js(*args, **kwargs):\n    raise RuntimeError('PTX assembly failed')\n"
+    exec(compile(kernel_source, "/site/mrtpo_verl/kernels/js_triton.py", "exec"), namespace)
+    monkeypatch.setattr(scorer, "js_distance_one_to_many", namespace["js"])
+    path = gpu_twins.JsPath()
+    got, _ = path.run(lambda: gpu_twins.relevance(model, items, needed, "fp32"))
+    assert torch.equal(got, expected)
+    assert path.failure == "RuntimeError: PTX assembly failed"
+    (row,) = path.rows("m")
+    assert row == ("m: the replay's Triton JS kernel", "failed; the torch JS path ran", path.failure, "-", False)
+    assert scorer.js_distance_one_to_many is namespace["js"]  # restored after each run
+    with pytest.raises(ValueError, match="not the kernel"):  # any other error is the replay's own: raised
+        gpu_twins.JsPath().run(lambda: (_ for _ in ()).throw(ValueError("not the kernel")))
