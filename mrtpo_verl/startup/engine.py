@@ -3,14 +3,16 @@
 The colocated replay (``mrtpo.replay.placement=colocated``) runs its forward passes on the actor engine's own
 FSDP2 model (:class:`~mrtpo_verl.replay.model_runners.ShardedModelRunner`). What each engine option does to it:
 
-- works, same relevance: ``use_fused_kernels`` (the replay replaces the root forward by the decoder's for its
-  calls, so verl's fused log-prob forward never runs), ``use_remove_padding`` (the replay pads its own batches;
-  verl's flash-attention patch passes padded batches through unchanged without sequence parallelism),
+- let through, not read here (docs/verification.md names the test, or the GPU row, of each): ``use_fused_kernels``
+  (the replay replaces the root forward by the decoder's for its calls, so verl's fused log-prob forward never runs),
+  ``use_remove_padding`` (the replay pads its own batches; verl's flash-attention patch passes padded batches
+  through unchanged without sequence parallelism),
   ``enable_gradient_checkpointing`` (inactive in eval mode), ``param_offload`` / ``optimizer_offload`` /
   ``offload_policy`` (the replay runs inside the engine's ``eval_mode``, which loads offloaded parameters as
   verl's ``compute_log_prob`` does, and feeds inputs to the engine's compute device), ``use_torch_compile``
   (verl compiles only its entropy function, which the replay does not call), LoRA (the decoder's layers carry
-  the adapters), ``model_dtype`` / mixed precision (the replay runs under the engine's autocast dtype);
+  the adapters), ``model_dtype`` / mixed precision (the replay computes in float32 by default, on the stored
+  weights; under the engine's autocast dtype only with ``mrtpo.replay.compute_dtype: model``);
 - refused here, with the fix: a strategy other than ``fsdp2`` (Megatron, FSDP1) and Ulysses sequence
   parallelism (the replay's passes do not split sequences).
 """

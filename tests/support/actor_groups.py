@@ -1,8 +1,9 @@
 """verl's real actor worker as a two-rank FSDP2 group on gloo, for the colocated replay tests (CPU).
 
 The only stand-in: Ray's placement groups ask for GPUs, so the clusters declare logical GPUs; every tensor lives
-on the CPU. :class:`FaultyActorWorker` adds two test-only methods to the package's actor worker (nothing like them
-is in the package).
+on the CPU. :class:`FaultyActorWorker` adds test-only methods to the package's actor worker (nothing like them is
+in the package): a hook that breaks one rank's replay, what verl's engine built, and a record of what each replay
+request went through (verl's parameter moves, the engine's mode at each decoder call).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import torch
 from ray import cloudpickle
 from verl.single_controller.base.decorator import Dispatch, register
 
+from mrtpo_cpu.distributed import SETUP_HOOK
+from mrtpo_cpu.launch import CPU_ENV, compose_actor_config
 from mrtpo_verl.batch_keys import RELEVANCE_KEY
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
-from mrtpo_verl.cpu_support.distributed import SETUP_HOOK
-from mrtpo_verl.cpu_support.launch import CPU_ENV, compose_actor_config
 from mrtpo_verl.trainer.replay_stage import build_request
 from mrtpo_verl.workers.actor_worker import MRTPOActorRolloutRefWorker
 from mrtpo_verl.workers.placement import ColocatedBackend
@@ -75,18 +76,65 @@ class FaultyActorWorker(MRTPOActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def engine_facts(self) -> dict[str, str]:
-        """What verl's engine built: the root module's forward, LoRA or not, the autocast dtype, offload."""
+        """What verl's engine built: the root module's forward, LoRA or not, the autocast dtype, offload, and what
+        each engine option leaves on the engine or the model (read from the built objects, not from the config)."""
+        from transformers.integrations import flash_attention
+
         engine = self.actor.engine
         peft = hasattr(engine.module, "peft_config")
         inner = engine.module.base_model.model if peft else engine.module  # peft: PeftModel → LoraModel → causal LM
+        lora_b = [module.lora_B for module in inner.modules() if hasattr(module, "lora_B")]
+        state = engine.module._get_fsdp_state() if hasattr(engine.module, "_get_fsdp_state") else None
+        flash = flash_attention._flash_attention_forward
+
+        def local(param: torch.Tensor) -> torch.Tensor:  # FSDP2 parameters are DTensors: this rank's shard
+            return param.to_local() if hasattr(param, "to_local") else param
+
         return {
             "forward": f"{type(inner).forward.__module__}.{type(inner).forward.__name__}",
             "peft": str(peft),
             "autocast": str(getattr(engine, "_autocast_dtype", None)),
             "param_offload": str(engine.is_param_offload_enabled),
+            "optimizer_offload": str(engine.is_optimizer_offload_enabled),
+            "remove_padding": str(engine.use_remove_padding),
+            "flash_attention_forward": f"{flash.__module__}.{flash.__name__}",
+            "gradient_checkpointing": str(inner.is_gradient_checkpointing),
+            # torch.compile's wrapper keeps the function it compiles.
+            "entropy_compiled": str(hasattr(engine.compute_entropy_from_logits, "_torchdynamo_orig_callable")),
+            "lora_layers": str(len(lora_b)),
+            "lora_b_nonzero": str(all(bool(local(b.default.weight).any()) for b in lora_b)),
+            "param_dtypes": ",".join(sorted({str(param.dtype) for param in engine.module.parameters()})),
+            "fsdp_param_dtype": str(state._mp_policy.param_dtype if state is not None else None),
         }
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def replay_record(self) -> dict[str, list[Any]]:
+        """What this rank's colocated replay requests went through since the last call (then cleared): verl's
+        engine moves (``engine.to``: device, model flag) and, at each decoder call, (the engine's mode, the
+        decoder's ``training`` flag, whether any of its layers has ``gradient_checkpointing`` on)."""
+        record = self._record or {"moves": [], "passes": []}
+        self._record = None
+        return record
+
+    _record: dict[str, list[Any]] | None = None
+
     def _colocated_replay(self, mrtpo_block: dict[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:
+        engine = self.actor.engine
+        if "to" not in engine.__dict__:  # once: record verl's moves and the state of every decoder call
+            verl_to, decoder = engine.to, engine.module.get_decoder()
+
+            def recorded_to(device: str, model: bool = True, optimizer: bool = True, grad: bool = True) -> Any:
+                self._record = self._record or {"moves": [], "passes": []}
+                self._record["moves"].append((str(device), bool(model)))
+                return verl_to(device=device, model=model, optimizer=optimizer, grad=grad)
+
+            def record_pass(module: Any, _args: Any) -> None:
+                self._record = self._record or {"moves": [], "passes": []}
+                checkpointing = any(getattr(layer, "gradient_checkpointing", False) for layer in module.layers)
+                self._record["passes"].append((engine.mode, module.training, checkpointing))
+
+            engine.to = recorded_to
+            decoder.register_forward_pre_hook(record_pass)
         builder, scorer, info_keys = super()._colocated_replay(mrtpo_block)
         if self._poison is not None and self._poison[0] == self.rank:
             runner, at_pass, passes = scorer.runner, self._poison[1], [0]

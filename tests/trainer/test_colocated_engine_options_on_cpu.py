@@ -1,14 +1,21 @@
 """verl's actor-engine options and the colocated replay: each option verl users set, on its real FSDP2 engine.
 
-Two ranks of verl's actor worker (gloo, CPU) per option set; the colocated relevance of a real batch (SmolLM2
+Two ranks of verl's actor worker (gloo, CPU) per option; the colocated relevance of a real batch (SmolLM2
 answers to Spider questions, every reward pair needed) is compared with the in-process scorer on the same weights
-(README "Engine options × placement"):
+(docs/verification.md names the test of each row of the engine-option matrix). Every case first asserts that its
+option took effect in the engine verl built (an option that never reached the engine gives the plain relevance too):
 
-- fused kernels (verl's fused log-prob forward installed on the model, checked), remove-padding, gradient
-  checkpointing, parameter and optimizer offload and torch.compile, together: the plain relevance to 1e-5;
-- LoRA (a random non-zero adapter loaded by verl): the relevance of the merged model, not of the base;
-- bf16 mixed precision: computed in float32 (the default), the relevance of the bf16 weights, within 0.01 of
-  the fp32 relevance; computed in bf16, the fp32 relevance up to bf16's own rounding.
+- fused kernels (torch backend), remove-padding, gradient checkpointing, parameter and optimizer offload,
+  torch.compile, one engine each with the others off: what the option leaves on the engine or model (verl's fused
+  forward, verl's flash-attention patch, checkpointing on the layers, the offload flags, the compiled entropy
+  function), the replay's passes inside verl's ``eval_mode`` (offloaded parameters loaded and put back), and the plain
+  relevance to 1e-5;
+- LoRA (a random non-zero adapter loaded by verl): adapters on every targeted layer; the relevance of the merged
+  model, not of the base;
+- bf16 weights (``model_dtype``): parameters stored in bf16; computed in float32 (the CPU default), the relevance
+  of the bf16 weights, within 0.01 of the fp32 relevance; computed in bf16, the fp32 relevance up to bf16's rounding;
+- bf16 mixed precision over float32 masters: float32 parameters, FSDP's policy gathering bf16; the float32
+  relevance to 1e-5 (fp16 compute within 0.01).
 
 Its own module (and Ray cluster) so that at most one two-rank group is alive at a time. What needs a GPU is in
 ``benchmarks.gpu_check`` (stage "engine options").
@@ -23,8 +30,8 @@ from typing import Any
 import pytest
 import torch
 
+from mrtpo_cpu.launch import save_derived_model
 from mrtpo_verl.batch_keys import RELEVANCE_KEY
-from mrtpo_verl.cpu_support.launch import save_derived_model
 from mrtpo_verl.trainer.replay_stage import build_request
 from mrtpo_verl.workers.placement import InProcessBackend
 from tests.support.actor_groups import CFG, RANKS, UNSHARED, cpu_ray_cluster, relevance_of, started_actor_group
@@ -57,29 +64,77 @@ def tied_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Te
 
 
 MODEL, ACTOR, FSDP = "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.actor.fsdp_config"
-#: Options that leave the replay's arithmetic unchanged, all in one engine (one worker group to start).
-SAME_ARITHMETIC = (
-    f"{MODEL}.use_fused_kernels=true",
-    f"{ACTOR}.use_fused_kernels=true",
-    f"{MODEL}.fused_kernel_options.impl_backend=torch",  # the Triton backend needs a GPU (benchmarks.gpu_check)
-    f"{MODEL}.use_remove_padding=true",
-    f"{ACTOR}.use_remove_padding=true",
-    f"{MODEL}.enable_gradient_checkpointing=true",
-    f"{FSDP}.param_offload=true",
-    f"{FSDP}.optimizer_offload=true",
-    f"{ACTOR}.use_torch_compile=true",
-    f"{FSDP}.use_torch_compile=true",
-)
+VERL_FUSED_FORWARD = "verl.models.transformers.dense_common.forward_with_torch_backend"
+VERL_FLASH_FORWARD = "verl.models.transformers.monkey_patch._ulysses_flash_attention_forward"
+#: What :meth:`FaultyActorWorker.engine_facts` reads with none of these options on (verl's gradient checkpointing,
+#: on by default, turned off): every case checks its own facts on and every other fact off, so a fact that reads the
+#: same whatever the option cannot pass.
+FACTS_OFF = {
+    "forward": "transformers.models.llama.modeling_llama.forward",
+    "remove_padding": "False",
+    "flash_attention_forward": "transformers.modeling_flash_attention_utils._flash_attention_forward",
+    "gradient_checkpointing": "False",
+    "param_offload": "False",
+    "optimizer_offload": "False",
+    "entropy_compiled": "False",
+    "peft": "False",
+    "lora_layers": "0",
+    "param_dtypes": "torch.float32",
+    "fsdp_param_dtype": "torch.float32",
+}
+#: Options that must not change the replay's arithmetic, one engine each: (overrides, the facts they turn on).
+SAME_ARITHMETIC = {
+    "fused_kernels_torch": (
+        (
+            f"{MODEL}.use_fused_kernels=true",
+            f"{ACTOR}.use_fused_kernels=true",
+            f"{MODEL}.fused_kernel_options.impl_backend=torch",  # the Triton backend needs a GPU (benchmarks.gpu_check)
+        ),
+        {"forward": VERL_FUSED_FORWARD},  # verl's fused log-prob forward is the model class's forward
+    ),
+    "remove_padding": (
+        (f"{MODEL}.use_remove_padding=true", f"{ACTOR}.use_remove_padding=true"),
+        {"remove_padding": "True", "flash_attention_forward": VERL_FLASH_FORWARD},  # verl's flash-attention patch
+    ),
+    "gradient_checkpointing": (
+        (f"{MODEL}.enable_gradient_checkpointing=true",),
+        {"gradient_checkpointing": "True"},  # on the HF model's layers
+    ),
+    "param_and_optimizer_offload": (
+        (f"{FSDP}.param_offload=true", f"{FSDP}.optimizer_offload=true"),
+        {"param_offload": "True", "optimizer_offload": "True"},
+    ),
+    "torch_compile": (
+        (f"{ACTOR}.use_torch_compile=true", f"{FSDP}.use_torch_compile=true"),
+        {"entropy_compiled": "True"},  # verl compiles its entropy function, the only thing it compiles
+    ),
+}
 
 
-def test_engine_options_that_keep_the_arithmetic_give_the_plain_relevance(ray_cluster, tied_model) -> None:
+@pytest.mark.parametrize("option", list(SAME_ARITHMETIC))
+def test_each_engine_option_that_keeps_the_arithmetic_takes_effect_and_gives_the_plain_relevance(
+    ray_cluster, tied_model, option: str
+) -> None:
+    """One option on verl's engine (the others off): it took effect in the built engine, the replay's passes ran
+    inside verl's ``eval_mode`` (offloaded parameters loaded on entry and offloaded after; the decoder in eval mode,
+    so gradient checkpointing, which drops the KV cache in training mode, is inactive), and the relevance is the
+    plain in-process float32 relevance to 1e-5."""
     path, expected = tied_model
-    with started_actor_group(path, SAME_ARITHMETIC, name="options_test") as group:
+    overrides, facts_on = SAME_ARITHMETIC[option]
+    if f"{MODEL}.enable_gradient_checkpointing=true" not in overrides:
+        overrides = (*overrides, f"{MODEL}.enable_gradient_checkpointing=false")
+    wanted = FACTS_OFF | facts_on
+    with started_actor_group(path, overrides, name="options_test") as group:
         facts = group.engine_facts()[0]
-        # The options took effect: verl's fused log-prob forward is the model's forward, parameters are offloaded.
-        assert facts["forward"] == "verl.models.transformers.dense_common.forward_with_torch_backend", facts
-        assert facts["param_offload"] == "True", facts
+        assert {key: facts[key] for key in wanted} == wanted, facts
         relevance = relevance_of(group, real_sql_batch())
+        records = group.replay_record()
+    checkpointing, offloaded = wanted["gradient_checkpointing"] == "True", wanted["param_offload"] == "True"
+    for record in records:
+        # Every decoder call: verl's engine in eval mode, the decoder not training (checkpointing, if on, inactive).
+        assert record["passes"] and set(record["passes"]) == {("eval", False, checkpointing)}, set(record["passes"])
+        # verl's eval_mode: engine.to(model=param_offload) on entry (the load; "cpu" is the device here) and on exit.
+        assert record["moves"] == [("cpu", offloaded), ("cpu", offloaded)], record["moves"]
     torch.testing.assert_close(relevance, expected, atol=1e-5, rtol=0)
 
 
@@ -110,7 +165,10 @@ def test_lora_replays_with_the_adapted_weights(ray_cluster, tied_model) -> None:
     assert (expected - base_relevance).abs().max() > 1e-2, "the adapter changes the relevance (else no check)"
     options = (f"{MODEL}.lora_rank=8", f"{MODEL}.lora_alpha=16", f"+{MODEL}.lora_adapter_path={adapter}")
     with started_actor_group(path, options, name="lora_test") as group:
-        assert group.engine_facts()[0]["peft"] == "True"
+        facts = group.engine_facts()[0]
+        # verl wrapped the model in peft with the adapter's weights: every targeted linear layer of both decoder
+        # layers carries a LoRA B (verl's own initialisation would leave it zero; the adapter's is random).
+        assert (facts["peft"], facts["lora_layers"], facts["lora_b_nonzero"]) == ("True", "14", "True"), facts
         relevance = relevance_of(group, real_sql_batch())
     torch.testing.assert_close(relevance, expected, atol=1e-5, rtol=0)
 
@@ -129,7 +187,10 @@ def test_bf16_mixed_precision_replays_in_float32(ray_cluster, tied_model) -> Non
     in_bf16 = dataclasses.replace(CFG, replay=dataclasses.replace(CFG.replay, compute_dtype="model"))
     options = (f"{FSDP}.model_dtype=bf16", f"+{FSDP}.mixed_precision.param_dtype=bf16")
     with started_actor_group(path, options, name="bf16_test") as group:
-        assert group.engine_facts()[0]["autocast"] == "torch.bfloat16"
+        facts = group.engine_facts()[0]
+        # The parameters are stored in bf16, gathered and computed in bf16.
+        wanted = {"param_dtypes": "torch.bfloat16", "fsdp_param_dtype": "torch.bfloat16", "autocast": "torch.bfloat16"}
+        assert {key: facts[key] for key in wanted} == wanted, facts
         float32_compute = relevance_of(group, real_sql_batch())
         bf16_compute = relevance_of(group, real_sql_batch(), in_bf16)
     model, tokenizer = load_causal_lm(str(path), dtype=torch.bfloat16)
@@ -170,7 +231,10 @@ def test_bf16_mixed_precision_over_float32_masters_replays_the_float32_model(ray
     in_fp16 = dataclasses.replace(CFG, replay=dataclasses.replace(CFG.replay, compute_dtype="fp16"))
     options = (f"+{FSDP}.mixed_precision.param_dtype=bf16",)
     with started_actor_group(path, options, name="masters_test") as group:
-        assert group.engine_facts()[0]["autocast"] == "torch.bfloat16"
+        facts = group.engine_facts()[0]
+        # float32 master shards, FSDP's mixed-precision policy gathers them in bf16, verl's autocast is bf16.
+        wanted = {"param_dtypes": "torch.float32", "fsdp_param_dtype": "torch.bfloat16", "autocast": "torch.bfloat16"}
+        assert {key: facts[key] for key in wanted} == wanted, facts
         bf16_before = relevance_of(group, real_sql_batch(), in_bf16)
         float32 = relevance_of(group, real_sql_batch())
         fp16 = relevance_of(group, real_sql_batch(), in_fp16)
