@@ -580,12 +580,20 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     flags = {"full": "", "quick": " --quick", "engine": " --engine-options", "dry": " --dry-run-cpu"}[mode]
     report.say(f"# python3 -m benchmarks.gpu_check{flags}")
-    for line in probe_lines(device):  # first: they decide the GPU default
+    try:
+        lines = probe_lines(device)  # first: they decide the GPU default
+    except Exception as error:  # the stages still run and say more
+        lines = [f"probe failed: {type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"]
+    for line in lines:
         report.say(line)
-    relevance_triton.require_triton()
     import transformers
-    import triton
 
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception as error:  # the JS-kernel stages then fail; the replay uses the torch JS path
+        triton_version = f"not importable ({type(error).__name__}: {error})"
     if mode == "dry":
         where = "CPU dry run under TRITON_INTERPRET=1: checks the script, not a GPU; timings mean nothing"
     else:
@@ -593,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{properties.name}, {properties.multi_processor_count} SMs, {properties.total_memory / 2**30:.0f} GiB"
     report.say(
         f"device: {where}; torch {torch.__version__} (CUDA {torch.version.cuda}), transformers "
-        f"{transformers.__version__}, triton {triton.__version__}, Python {platform.python_version()}, "
+        f"{transformers.__version__}, triton {triton_version}, Python {platform.python_version()}, "
         f"{torch.get_num_threads()} CPU threads; {platform.node()}; scratch {scratch}"
     )
     report.flush()
