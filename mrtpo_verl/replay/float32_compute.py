@@ -11,16 +11,17 @@ against 0.04–0.08; none where the weights are float32, as the colocated replay
 
 - autocast is off (an outer ``torch.autocast``, e.g. verl's engine forward, would cast back to bf16),
 - a :class:`~torch.overrides.TorchFunctionMode` upcasts bf16/fp16 tensors given to the functions that
-  combine activations with weights (``F.linear``, the norms, matmuls, ``scaled_dot_product_attention``) and
-  turns an embedding lookup's rows to float32; every other torch function (FSDP's all-gathers and casts
-  included) runs untouched.
+  combine activations with weights (``F.linear``, the norms, matmuls and ``einsum``,
+  ``scaled_dot_product_attention``) and turns an embedding lookup's rows to float32; every other torch function
+  (FSDP's all-gathers and casts included) runs untouched.
 
 Each weight is upcast when it is used and dropped after, so the extra memory is one layer's largest weight in
 float32; the LM head's weight, used once per chunk of response positions, is upcast once per context.
 
-The context also sets torch's float32 matmul precision for its block (restored after): ``"highest"`` (IEEE float32,
-whatever the run set globally, e.g. ``"medium"`` would let float32 matmuls run in bf16), or with ``tf32=True`` and
-a CUDA device ``"high"`` (TF32 tensor cores: inputs rounded to 10 mantissa bits, float32 accumulation).
+The context also sets torch's float32 matmul precision to ``"highest"`` for its block (restored after): IEEE
+float32, whatever the run set globally (``"medium"`` would let float32 matmuls run in bf16, ``"high"`` in TF32, the
+rotary embedding's position product included). ``compute_dtype: tf32`` and ``fp16`` reduce the precision of the
+weight and attention products only: :mod:`~mrtpo_verl.replay.tf32_matmuls`, :mod:`~mrtpo_verl.replay.fp16_matmuls`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["LOW_PRECISION", "Float32Compute", "float32_compute", "matmul_precision", "matmul_precision_for"]
+__all__ = ["LOW_PRECISION", "Float32Compute", "float32_compute", "matmul_precision"]
 
 #: Floating dtypes this context computes in float32 instead.
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -51,6 +52,12 @@ _UPCAST_ARGUMENTS: frozenset[Callable[..., Any]] = frozenset(
         torch.bmm,
         torch.addmm,
         torch.baddbmm,
+        torch.addbmm,
+        torch.addmv,
+        torch.mv,
+        torch.dot,
+        torch.outer,
+        torch.tensordot,
         torch.Tensor.matmul,
         torch.Tensor.__matmul__,
     }
@@ -98,6 +105,12 @@ class Float32Compute(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if func is torch.einsum:  # einsum(equation, *operands) or einsum(equation, [operands])
+            args = tuple(
+                [self._argument(v) for v in value] if isinstance(value, (list, tuple)) else self._argument(value)
+                for value in args
+            )
+            return func(*args, **kwargs)
         if func in _UPCAST_ARGUMENTS:
             args = tuple(self._argument(value) for value in args)
             kwargs = {name: self._argument(value) for name, value in kwargs.items()}
@@ -105,12 +118,6 @@ class Float32Compute(TorchFunctionMode):
         if func is F.embedding:
             return _upcast(func(*args, **kwargs))
         return func(*args, **kwargs)
-
-
-def matmul_precision_for(device_type: str, tf32: bool) -> str:
-    """torch's float32 matmul precision for the replay: ``"high"`` (TF32) only for ``tf32`` on CUDA, where tensor
-    cores read TF32; ``"highest"`` otherwise (a CPU keeps IEEE float32, so its relevance stays the reference's)."""
-    return "high" if tf32 and device_type == "cuda" else "highest"
 
 
 @contextmanager
@@ -125,20 +132,17 @@ def matmul_precision(precision: str) -> Iterator[None]:
 
 
 @contextmanager
-def float32_compute(
-    device_type: str, keep_upcast: torch.Tensor | None = None, tf32: bool = False, upcast: bool = True
-) -> Iterator[None]:
-    """Autocast off on ``device_type``, :class:`Float32Compute` on and the float32 matmul precision set
-    (:func:`matmul_precision_for`), for the block's forward passes.
+def float32_compute(device_type: str, keep_upcast: torch.Tensor | None = None, upcast: bool = True) -> Iterator[None]:
+    """Autocast off on ``device_type``, :class:`Float32Compute` on and torch's float32 matmul precision ``"highest"``,
+    for the block's forward passes.
 
     Args:
         device_type: ``"cuda"``, ``"cpu"``, ...: the device whose autocast is turned off.
         keep_upcast: see :class:`Float32Compute`.
-        tf32: TF32 matmuls on CUDA.
         upcast: False for a model that already computes in float32 (float32 weights, no autocast): then only the
             matmul precision is set, without the mode's per-call dispatch.
     """
-    with matmul_precision(matmul_precision_for(device_type, tf32)):
+    with matmul_precision("highest"):
         if not upcast:
             yield
             return

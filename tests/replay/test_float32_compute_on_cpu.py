@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.replay_numerics import agreement, agreement_rows
+from mrtpo_verl.analysis.agreement import agreement, agreement_rows
 from mrtpo_verl.config import MRTPOConfigError, ReplayConfig
 from mrtpo_verl.replay.contexts import ReplayContexts
-from mrtpo_verl.replay.float32_compute import float32_compute, matmul_precision_for
+from mrtpo_verl.replay.float32_compute import float32_compute
 from mrtpo_verl.replay.model_loading import cast_parameters
 from mrtpo_verl.replay.scorer import ReplayScorer, cache_bytes_per_token
 
@@ -123,32 +123,21 @@ def test_a_float32_model_skips_the_mode_and_gives_the_same_relevance(
     assert entered and all(entered)  # a bf16 model enters the mode
 
 
-@pytest.mark.parametrize(
-    ("device_type", "tf32", "expected"),
-    [("cuda", True, "high"), ("cuda", False, "highest"), ("cpu", True, "highest"), ("cpu", False, "highest")],
-)
-def test_matmul_precision_is_tf32_only_on_cuda_when_asked(device_type: str, tf32: bool, expected: str) -> None:
-    assert matmul_precision_for(device_type, tf32) == expected
-
-
 def test_the_float32_compute_sets_the_matmul_precision_and_restores_it() -> None:
-    """A run's global setting ("medium" lets float32 matmuls run in bf16) does not reach the replay's float32
-    compute; TF32 only when asked, on CUDA (the CUDA branch needs no GPU: it sets torch's flag)."""
+    """A run's global setting ("medium" lets float32 matmuls run in bf16, "high" in TF32, the rotary embedding's
+    position product included) does not reach the replay's float32 compute: IEEE float32 for the block, on any device
+    (the CUDA branch needs no GPU: it sets torch's flag). TF32 is chosen per product by the tf32 mode instead."""
     previous = torch.get_float32_matmul_precision()
     try:
-        torch.set_float32_matmul_precision("medium")
-        for device_type, tf32, upcast, inside in (
-            ("cpu", False, True, "highest"),
-            ("cpu", True, False, "highest"),
-            ("cuda", True, True, "high"),
-            ("cuda", False, False, "highest"),
-        ):
-            with float32_compute(device_type, tf32=tf32, upcast=upcast):
-                assert torch.get_float32_matmul_precision() == inside
-            assert torch.get_float32_matmul_precision() == "medium"
+        for outside in ("medium", "high"):
+            torch.set_float32_matmul_precision(outside)
+            for device_type, upcast in (("cpu", True), ("cpu", False), ("cuda", True), ("cuda", False)):
+                with float32_compute(device_type, upcast=upcast):
+                    assert torch.get_float32_matmul_precision() == "highest"
+                assert torch.get_float32_matmul_precision() == outside
         with pytest.raises(ValueError), float32_compute("cpu"):
             raise ValueError("a failing pass")
-        assert torch.get_float32_matmul_precision() == "medium"
+        assert torch.get_float32_matmul_precision() == "high"
     finally:
         torch.set_float32_matmul_precision(previous)
 

@@ -75,3 +75,26 @@ def test_report_lists_every_family_and_variant() -> None:
     text = report([family], ["command: test"])
     assert "| tool_calling | bf16 | noise: batched, right-padded |" in text
     assert "| tool_calling | bf16 | 1 |" in text
+
+
+@pytest.mark.parametrize("start", [550, 4250, 7950])
+def test_long_context_items_put_the_response_at_the_band(smollm2: tuple[Any, Any], start: int) -> None:
+    """The long-context bands: the response starts at about the asked position (not before it), three real
+    leave-one-out contexts, and the whole replay fits the model's 8,192 positions."""
+    from benchmarks.replay_numerics import agreement_rows, long_context_item
+
+    model, tokenizer = smollm2
+    item = long_context_item(tokenizer, start)
+    assert start <= len(item.full_context_ids) <= start + 400
+    assert len(item.full_context_ids) + len(item.response_ids) <= model.config.max_position_embeddings
+    assert len(item.response_ids) > 50
+    _, real = agreement_rows([item])
+    assert real.tolist() == [[True, True, True]]
+
+
+def test_long_context_report_names_the_band_and_mode() -> None:
+    from benchmarks.replay_numerics import BandAgreement, long_context_report
+
+    figures = agreement(torch.ones(1, 3, 4), torch.ones(1, 3, 4), [4], torch.ones(1, 3).bool())
+    text = long_context_report([BandAgreement(4263, 4412, "fp16", figures, 12.0)])
+    assert "| 4263–4412 | fp16 | 3 |" in text
