@@ -35,6 +35,8 @@ from mrtpo_verl.replay.float32_compute import float32_compute
 from mrtpo_verl.replay.fp16_matmuls import float32_output_mm_missing, fp16_matmul_compute
 from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner, PrefixCache
 from mrtpo_verl.replay.prefix_tree import PrefixNode, build_prefix_tree, two_level_tree
+from mrtpo_verl.replay.product_rule import compute_dtype_refusal
+from mrtpo_verl.replay.tf32_matmuls import tf32_in_effect, tf32_matmul_compute
 
 __all__ = ["ReplayInputs", "ReplayResult", "ReplayScorer", "ReplayStats", "cache_bytes_per_token"]
 
@@ -179,10 +181,12 @@ class ReplayScorer:
         compute_dtype: ``"auto"`` (the default): ``"fp16"`` on a CUDA device, ``"fp32"`` elsewhere
             (:func:`~mrtpo_verl.config.resolve_compute_dtype`). ``"fp32"`` / ``"tf32"``: every forward pass and
             the LM head compute in float32 whatever the weights' dtype (:mod:`~mrtpo_verl.replay.float32_compute`;
-            ``"tf32"``: TF32 tensor-core matmuls on CUDA, IEEE float32 matmuls elsewhere; bf16 weights are upcast
+            ``"tf32"``: TF32 tensor cores on CUDA for the weight and attention products only
+            (:mod:`~mrtpo_verl.replay.tf32_matmuls`), IEEE float32 elsewhere; bf16 weights are upcast
             at each use, an outer autocast is turned off), with the weights as stored (a sharded runner gathers its
             float32 master shards as float32, :meth:`ModelRunner.weights_as_stored`); ``"fp16"``: the same float32
-            compute, but every matmul (projections, MLP, attention, LM head) reads fp16 inputs with float32
+            compute, but the weight and attention products (projections, MLP, LM head, q·kᵀ, p·v; not the rotary
+            embedding's or any other product: :mod:`~mrtpo_verl.replay.product_rule`) read fp16 inputs with float32
             accumulation (:mod:`~mrtpo_verl.replay.fp16_matmuls`: fp16 tensor cores on CUDA, emulated elsewhere)
             and a sharded runner gathers its shards cast to fp16; ``"model"``: in the model's own dtype / the
             runner's autocast dtype, with the weights as the engine gathers them.
@@ -238,7 +242,7 @@ class ReplayScorer:
         self.share_prefix = bool(share_prefix)
         self.min_shared_tokens = min_shared_tokens
         self.prefix_schedule = _resolve_schedule(prefix_schedule, self.runner)
-        self.compute_dtype = compute_dtype_for(compute_dtype, self.device)
+        self.compute_dtype = compute_dtype_for(compute_dtype, self.device, getattr(self.model, "config", None))
         self.max_cache_tokens = self._cache_token_budget(max_cache_tokens, max_cache_bytes)
 
     @classmethod
@@ -336,19 +340,22 @@ class ReplayScorer:
         if self.compute_dtype not in FLOAT32_COMPUTE_DTYPES:
             yield
             return
-        tf32 = self.compute_dtype == "tf32"
         # Flash attention (verl's default attn_implementation) takes bf16/fp16 only: sdpa for these passes.
         with float32_capable_attention(self.model):
             head = getattr(self.runner, "lm_head", None)
-            if self.compute_dtype == "fp16":
-                with fp16_matmul_compute(self.device, keep_upcast=getattr(head, "weight", None)):
+            # fp16 / tf32 reduce only the weight and attention products (mrtpo_verl.replay.product_rule); tf32 is
+            # IEEE float32 where there is no TF32 unit (a CPU), unless emulated_products() is open.
+            reduced = self.compute_dtype == "fp16" or (self.compute_dtype == "tf32" and tf32_in_effect(self.device))
+            if reduced:
+                compute = fp16_matmul_compute if self.compute_dtype == "fp16" else tf32_matmul_compute
+                with compute(self.device, keep_upcast=getattr(head, "weight", None), model=self.model):
                     yield
                 return
             if self.runner.computes_in_float32():
-                with float32_compute(self.device.type, tf32=tf32, upcast=False):
+                with float32_compute(self.device.type, upcast=False):
                     yield
                 return
-            with float32_compute(self.device.type, keep_upcast=getattr(head, "weight", None), tf32=tf32):
+            with float32_compute(self.device.type, keep_upcast=getattr(head, "weight", None)):
                 yield
 
     def _plan_levels(self, tree: PrefixNode) -> list[list[list[_Row]]]:
@@ -493,16 +500,20 @@ def _cache_dtype(runner: ModelRunner) -> torch.dtype:
 _LOGGED_RESOLUTIONS: set[tuple[str, str]] = set()
 
 
-def compute_dtype_for(requested: str, device: torch.device) -> str:
+def compute_dtype_for(requested: str, device: torch.device, model_config: Any = None) -> str:
     """``replay.compute_dtype`` for a scorer on ``device``: ``auto`` resolved (:func:`resolve_compute_dtype`), and
     said once per process and device. Where ``auto`` would choose fp16 but this torch has no fp16 matmul with
     float32 output on the device, ``auto`` takes tf32 (TF32's 10 mantissa bits, as fp16's, at half fp16's rate) and
     says why; an explicit ``fp16`` is refused there instead (:func:`require_float32_output_mm`, at the first pass).
+    Where ``model_config`` refuses fp16 (:func:`~mrtpo_verl.replay.product_rule.compute_dtype_refusal`: a
+    mixture-of-experts model), ``auto`` takes fp32 and says why; an explicit fp16 / tf32 is refused at the first pass.
     """
     resolved = resolve_compute_dtype(requested, device.type)
     if requested != "auto":
         return resolved
     why = ""
+    if resolved == "fp16" and compute_dtype_refusal(model_config, "fp16") is not None:
+        resolved, why = "fp32", " (a mixture-of-experts model: its grouped_mm experts are outside the fp16 rule)"
     if resolved == "fp16":
         missing = float32_output_mm_missing(device)
         if missing is not None:
