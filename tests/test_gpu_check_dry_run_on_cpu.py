@@ -183,3 +183,14 @@ def test_a_failing_triton_kernel_leaves_the_replay_answers(monkeypatch: pytest.M
     assert scorer.js_distance_one_to_many is namespace["js"]  # restored after each run
     with pytest.raises(ValueError, match="not the kernel"):  # any other error is the replay's own: raised
         gpu_twins.JsPath().run(lambda: (_ for _ in ()).throw(ValueError("not the kernel")))
+
+
+@pytest.mark.parametrize("mode", ["full", "quick", "engine"])
+def test_the_stage_budgets_fit_the_lease(mode: str) -> None:
+    """The stages a mode runs, at their budgets (seconds on one H100 from their FLOP and byte counts), fit the mode's
+    time limit: 8 minutes for the whole check, 3 for --quick (a lease is 15 minutes, start-up included, at most 10
+    a command)."""
+    planned = [stage for stage in gpu_check.stages(mode, "cuda") if mode in stage.modes]
+    assert planned, mode
+    assert sum(stage.budget_s for stage in planned) <= gpu_check.LIMITS[mode] <= 600
+    assert gpu_check.LIMITS["full"] <= 8 * 60 and gpu_check.LIMITS["quick"] <= 3 * 60
