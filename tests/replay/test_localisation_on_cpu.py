@@ -6,9 +6,10 @@ as in training) for their verifier information, replayed with SmolLM2-135M-Instr
 on the part each verifier reads: the paper's Table 4 ratio (share of the reward's distance on the part /
 share of tokens; uniform = 1) is above 1 and at least twice every other reward's ratio on that part.
 
-The cases and the full table of measured ratios (including the (case, reward, part) triples that do not meet
-the criterion with this 135M model) are in ``benchmarks/localisation_table.py``; only triples that meet it
-are asserted here. The cheap tests at the top check the ratio and the token → character mapping themselves.
+The cases are in ``tests/support/localisation_cases.py``; ``benchmarks/localisation_table.py`` prints the full
+table of ratios (including the (case, reward, part) triples that do not meet the criterion with this 135M model);
+only triples that meet it are asserted here. The cheap tests at the top check the ratio and the token → character
+mapping themselves.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.localisation_table import CASES_BY_NAME, DOMINANCE, Measurement, measure
 from mrtpo_verl.analysis.localisation import find_spans, localisation_ratio, part_mask, token_char_spans
 from mrtpo_verl.replay.scorer import ReplayScorer
+from tests.support.localisation_cases import CASES_BY_NAME, DOMINANCE, Measurement, measure
 
 #: (case, reward, part) triples asserted; the reason each verifier reads that part is in the comment.
 LOCALISED = [
