@@ -25,16 +25,21 @@ Per family and dtype (float32, bf16) it prints, over every response token (media
   computes where the weights are only held in bf16, e.g. ``replay.dedicated_dtype: bf16``; by default the replay
   uses float32 weights, the colocated one by gathering verl's float32 master shards as float32, so its relevance
   is the float32 row's, tested on verl's FSDP2 engine to 1e-5). The colocated rows run on the actor's own FSDP2
-  module (bf16 mixed precision over float32 masters) per ``compute_dtype``: fp32 (``auto``'s choice on a CPU), TF32
-  matmuls (emulated by rounding matmul inputs), fp16 (``auto``'s choice on CUDA: the masters gathered as fp16,
-  matmuls on fp16 inputs with float32 accumulation, emulated here exactly but for the order of summation) and
-  ``model`` (verl's bf16 way). The replay seconds are this CPU's: the emulated rows say nothing of a GPU's time
-  (``benchmarks.gpu_check`` times the dtypes there).
+  module (bf16 mixed precision over float32 masters) per ``compute_dtype``: fp32 (``auto``'s choice on a CPU), tf32
+  (emulated: :func:`~mrtpo_verl.replay.product_rule.emulated_products`), fp16 (``auto``'s choice on CUDA: the
+  masters gathered as fp16, weight and attention products on fp16 inputs with float32 accumulation, emulated here
+  exactly but for the order of summation) and ``model`` (verl's bf16 way). The replay seconds are this CPU's: the
+  emulated rows say nothing of a GPU's time (``benchmarks.gpu_check`` times the dtypes there).
 
 The bf16 model is the float32 one with its parameters cast to bf16 and its buffers left float32
 (:func:`~mrtpo_verl.replay.model_loading.cast_parameters`), as ``from_pretrained(dtype=bf16)`` and FSDP's mixed
 precision make it: ``model.to(bf16)`` would also round RoPE's ``inv_freq``, a model change of its own that grows
 with the position (it took text-to-SQL's long prompts from 0.005 to 0.03 in max |Δq|).
+
+**Long contexts** (``--long-starts``): per band of response positions (responses starting near 550, 2,150, 4,250 and
+7,950 of the model's 8,192), one real Spider replay (:func:`long_context_item`: worked Spider examples as the long
+prompt, three verifier blocks, the reference query as the response) through the public :class:`ReplayScorer` in fp16,
+tf32 (emulated) and fp32 on the colocated FSDP2 module, each against the float32 model in IEEE float32.
 
 Writes the tables to stdout and, with ``--out``, to a markdown file.
 """
@@ -55,13 +60,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from benchmarks.machine import machine_description
 from mrtpo_verl.analysis.agreement import agreement, agreement_rows
 from mrtpo_verl.math.relevance import js_distance
 from mrtpo_verl.replay.contexts import ReplayContextBuilder
 from mrtpo_verl.replay.model_runners import LocalModelRunner, ShardedModelRunner
+from mrtpo_verl.replay.product_rule import emulated_products
 from mrtpo_verl.replay.scorer import ReplayScorer
 
 TASKS = ("text_to_sql", "tool_calling", "instruction_following")
@@ -178,37 +183,9 @@ def fsdp2_mixed_precision(model32: Any) -> Any:
     return model.eval()
 
 
-def to_tf32(tensor: torch.Tensor) -> torch.Tensor:
-    """A float32 copy of ``tensor`` rounded to TF32 (10 mantissa bits, round half up on the magnitude), as a
-    tensor core reads a float32 matmul input under ``torch.set_float32_matmul_precision("high")``."""
-    bits = tensor.float().contiguous().view(torch.int32)
-    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
-
-
-class EmulatedTF32(TorchFunctionMode):
-    """Rounds the float32 inputs of the weight-combining functions (linear layers, LM head, matmuls, attention's
-    q, k, v) to TF32 before the call: on a CPU, what the replay's float32 compute gives on a GPU with TF32 matmuls
-    (accumulation stays float32; attention's probabilities are not rounded). Entered outside the replay's own
-    float32 mode, so it sees the inputs that mode upcast."""
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func in (F.linear, torch.matmul, torch.bmm, torch.Tensor.matmul, F.scaled_dot_product_attention):
-            rounded = 3 if func is F.scaled_dot_product_attention else 2  # q, k, v / the two operands; not a bias
-            args = tuple(
-                to_tf32(value)
-                if i < rounded and isinstance(value, torch.Tensor) and value.dtype == torch.float32
-                else value
-                for i, value in enumerate(args)
-            )
-        return func(*args, **kwargs)
-
-
 #: The colocated replay's rows: verl's bf16 mixed precision over float32 masters (FSDP2), by compute_dtype.
 COLOCATED_DEFAULT = "colocated FSDP2 bf16 mixed precision, compute_dtype fp32 (auto on CPU)"
-COLOCATED_TF32 = "colocated FSDP2 bf16 mixed precision, fp32 with TF32 matmuls (emulated)"
+COLOCATED_TF32 = "colocated FSDP2 bf16 mixed precision, compute_dtype tf32 (emulated)"
 COLOCATED_MODEL = "colocated FSDP2 bf16 mixed precision, compute_dtype model"
 COLOCATED_FP16 = "colocated FSDP2 bf16 mixed precision, compute_dtype fp16 (auto on CUDA; emulated)"
 
@@ -238,12 +215,12 @@ def measure_family(
     # by default the float32 masters gathered as float32 and float32 compute; with compute_dtype=model, verl's way.
     sharded = ShardedModelRunner(fsdp2_mixed_precision(model32), autocast_dtype=torch.bfloat16)
     runners[COLOCATED_DEFAULT] = (sharded, "fp32")
-    runners[COLOCATED_TF32] = (sharded, "fp32")
+    runners[COLOCATED_TF32] = (sharded, "tf32")
     runners[COLOCATED_MODEL] = (sharded, "model")
     runners[COLOCATED_FP16] = (sharded, "fp16")
     for name, (model, compute_dtype) in runners.items():
         start = time.perf_counter()
-        with torch.no_grad(), EmulatedTF32() if name == COLOCATED_TF32 else nullcontext():
+        with torch.no_grad(), emulated_products() if name == COLOCATED_TF32 else nullcontext():
             relevance[name] = ReplayScorer(model, compute_dtype=compute_dtype).score(items, needed).relevance
         result.replay_seconds[name] = time.perf_counter() - start
     for name, model in (("float32", model32), ("bf16", model16)):
@@ -264,6 +241,140 @@ def measure_family(
         if name != "float32":
             result.agreement[name] = agreement(relevance["float32"], relevance[name], lengths, real_loo)
     return result
+
+
+#: Where the long-context bands put the response's first token (the model's context is 8,192 positions).
+LONG_CONTEXT_STARTS = (550, 2150, 4250, 7950)
+#: Compute dtypes of the long-context rows, each against the float32 model computed in IEEE float32.
+LONG_CONTEXT_MODES = ("fp16", "tf32 (emulated)", "fp32 (colocated FSDP2)")
+SPIDER_DIR = Path(__file__).resolve().parents[1] / "reward_fns" / "data" / "spider"
+LONG_CONTEXT_KEYS = ("format", "executable", "correct")
+
+
+def _spider_examples() -> list[dict[str, str]]:
+    import json
+
+    return [json.loads(line) for line in (SPIDER_DIR / "dev_subset.jsonl").read_text().splitlines()]
+
+
+def _spider_verifiers(example: dict[str, str]) -> tuple[str, str, str]:
+    """The text-to-SQL family's three verifier texts for ``example``: format, the schema, the reference query and
+    its result (read from the real Spider database)."""
+    import sqlite3
+
+    database = SPIDER_DIR / f"{example['db_id']}.sqlite"
+    with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as connection:
+        tables = connection.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall()
+        rows = connection.execute(example["query"]).fetchall()
+    return (
+        "The answer must contain exactly one SQL query inside a ```sql code block.",
+        f"Database {example['db_id']} (SQLite):\n" + "\n".join(sql for _, sql in tables),
+        f"Reference query: {example['query']}\nReference result: {rows[:20]}",
+    )
+
+
+def long_context_item(tokenizer: Any, response_start: int, question: int = 66) -> Any:
+    """One real Spider replay whose response starts at about ``response_start`` (± a few tokens): the user turn is
+    worked examples (real Spider questions and reference queries of the other databases, in file order) up to that
+    length, then the question; three verifier blocks (format, schema, reference query and result) follow it; the
+    response is the reference query in a ```sql block (its tokens, not the model's sample).
+
+    Returns:
+        :class:`~mrtpo_verl.replay.contexts.ReplayContexts` with K = 3 real leave-one-out contexts.
+    """
+    examples = _spider_examples()
+    target = examples[question]
+    shots = [e for e in examples if e["db_id"] != target["db_id"]]
+    verifiers = _spider_verifiers(target)
+    builder = ReplayContextBuilder(tokenizer, LONG_CONTEXT_KEYS)
+    response = tokenizer(f"```sql\n{target['query']}\n```", add_special_tokens=False)["input_ids"]
+
+    def build(count: int) -> Any:
+        worked = "".join(f"Question: {e['question']}\nSQL: {e['query']}\n\n" for e in shots[:count])
+        content = (
+            f"Examples of questions and their SQLite queries:\n\n{worked}"
+            f"{target['question']} Answer with one SQLite query in a ```sql block."
+        )
+        return builder.build([{"role": "user", "content": content}], response, verifiers)
+
+    low, high = 0, len(shots)
+    if len(build(high).full_context_ids) < response_start:
+        raise ValueError(f"the Spider examples reach fewer than {response_start} tokens")
+    while low < high:  # fewest worked examples whose full context reaches response_start
+        middle = (low + high) // 2
+        if len(build(middle).full_context_ids) < response_start:
+            low = middle + 1
+        else:
+            high = middle
+    return build(low)
+
+
+def long_context_relevance(model32: Any, item: Any, mode: str, sharded: Any = None) -> torch.Tensor:
+    """(1, 3, T) relevance of ``item`` through the public :class:`ReplayScorer` in one of
+    :data:`LONG_CONTEXT_MODES` (``"reference"``: the float32 model, IEEE float32)."""
+    needed = torch.ones(1, len(LONG_CONTEXT_KEYS), dtype=torch.bool)
+    model, compute_dtype, emulate = {
+        "reference": (model32, "fp32", False),
+        "fp16": (model32, "fp16", False),
+        "tf32 (emulated)": (model32, "tf32", True),
+        "fp32 (colocated FSDP2)": (sharded, "fp32", False),
+    }[mode]
+    with torch.no_grad(), emulated_products() if emulate else nullcontext():
+        return ReplayScorer(model, compute_dtype=compute_dtype).score([item], needed).relevance
+
+
+@dataclass
+class BandAgreement:
+    """One long-context row: a mode's agreement with the float32 model in one band of response positions."""
+
+    start: int
+    end: int
+    mode: str
+    figures: dict[str, float]
+    seconds: float
+
+
+def measure_long_contexts(
+    model32: Any, tokenizer: Any, starts: Sequence[int], modes: Sequence[str]
+) -> list[BandAgreement]:
+    """Per response start and mode, the agreement of the mode's relevance with the float32 model's."""
+    sharded = None
+    if any("FSDP2" in mode for mode in modes):
+        sharded = ShardedModelRunner(fsdp2_mixed_precision(model32), autocast_dtype=torch.bfloat16)
+    rows = []
+    for start in starts:
+        item = long_context_item(tokenizer, start)
+        lengths, real = agreement_rows([item])
+        first = len(item.full_context_ids)
+        print(f"band {first}-{first + lengths[0]}: reference ...", file=sys.stderr, flush=True)
+        reference = long_context_relevance(model32, item, "reference")
+        for mode in modes:
+            began = time.perf_counter()
+            relevance = long_context_relevance(model32, item, mode, sharded)
+            seconds = time.perf_counter() - began
+            figures = agreement(reference, relevance, lengths, real)
+            rows.append(BandAgreement(first, first + lengths[0], mode, figures, seconds))
+            print(f"  {mode}: max |dq| {rows[-1].figures['max_dq']:.4f} ({seconds:.0f} s)", file=sys.stderr, flush=True)
+    return rows
+
+
+def long_context_report(rows: Sequence[BandAgreement]) -> str:
+    lines = [
+        "Long contexts: relevance against the float32 model's (IEEE float32) per band of response positions, one "
+        "real Spider replay per band (K = 3 verifier blocks after a long prompt), w at β = "
+        f"{BETA}:",
+        "",
+        "| response positions | compute_dtype | rows | Pearson min | max \\|Δq\\| (float32 q there) | max \\|Δw\\| "
+        "| replay s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        f = row.figures
+        lines.append(
+            f"| {row.start}–{row.end} | {row.mode} | {f['rows']:.0f} | {f['pearson_min']:.4f} | "
+            f"{_small(f['max_dq'])} ({f['q_at_max_dq']:.3f}) | {_small(f['max_dw'])} | {row.seconds:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _small(value: float) -> str:
@@ -318,10 +429,18 @@ def report(families: Sequence[FamilyNumerics], header: Sequence[str]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    parser.add_argument("--tasks", nargs="*", default=list(TASKS), choices=TASKS)
     parser.add_argument("--samples", type=int, default=4, help="responses sampled per family (one prompt)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path, default=None, help="also write the report here (markdown)")
+    parser.add_argument(
+        "--long-starts",
+        nargs="*",
+        type=int,
+        default=list(LONG_CONTEXT_STARTS),
+        help="response start positions of the long-context bands (none: skip them)",
+    )
+    parser.add_argument("--long-modes", nargs="+", default=list(LONG_CONTEXT_MODES), choices=LONG_CONTEXT_MODES)
     args = parser.parse_args(argv)
     from mrtpo_verl.replay.model_loading import cast_parameters, load_causal_lm
 
@@ -338,11 +457,14 @@ def main(argv: list[str] | None = None) -> None:
     for task in args.tasks:
         print(f"measuring {task} ...", file=sys.stderr, flush=True)
         families.append(measure_family(model32, model16, tokenizer, task, args.samples, args.max_new_tokens))
+    long_rows = measure_long_contexts(model32, tokenizer, args.long_starts, args.long_modes)
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    text = report(families, header)
+    text = report(families, header) if families else "\n".join(["```", *header, "```", ""]) + "\n"
+    if long_rows:
+        text += "\n" + long_context_report(long_rows)
     print(text)
     if args.out is not None:
         args.out.write_text(f"# `python -m benchmarks.replay_numerics` — latest output\n\n{text}", encoding="utf-8")

@@ -15,19 +15,26 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from mrtpo_verl.analysis.agreement import agreement, agreement_rows
 from mrtpo_verl.replay.contexts import ReplayContexts
 from mrtpo_verl.replay.fp16_matmuls import (
+    cuda_fp16_kernels,
+    emulated_fp16_attention,
+    emulated_fp16_kernels,
     float32_output_mm_missing,
     fp16_attention,
     fp16_linear,
+    fp16_matmul,
     fp16_matmul_compute,
     require_float32_output_mm,
     to_fp16_scaled,
 )
 from mrtpo_verl.replay.model_loading import cast_parameters
+from mrtpo_verl.replay.product_rule import emulated_products
 from mrtpo_verl.replay.scorer import ReplayScorer, cache_bytes_per_token
+from mrtpo_verl.replay.tf32_matmuls import tf32_matmul_compute
 
 
 def _fp16_rounded(value: torch.Tensor) -> torch.Tensor:
@@ -73,23 +80,166 @@ def test_attention_balances_query_and_key_and_keeps_the_logits() -> None:
     assert not torch.isfinite(F.scaled_dot_product_attention(q.half().float(), k.half().float(), v)).all()
 
 
-def test_the_mode_routes_matmuls_through_fp16_and_leaves_the_rest_float32() -> None:
+class _Rotary(torch.nn.Module):
+    """A stand-in of transformers' rotary embedding: ``inv_freq`` buffer times the positions, as LlamaRotaryEmbedding
+    forms it (the real one is checked on SmolLM2 below)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.inv_freq[None, :, None].float() @ positions[:, None, :].float()
+
+
+class ToyAttention(torch.nn.Module):
+    """Eager attention's two matmuls, plus a product of a buffer inside the attention module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(4, 4), persistent=False)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+        return torch.matmul(weights, v), q @ self.table
+
+
+class ToyModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rotary = _Rotary()
+        self.attention = ToyAttention()
+
+
+def test_the_rule_reduces_weight_and_attention_products_only() -> None:
+    """Linear layers, addmm, sdpa and an attention module's matmuls read fp16; the rotary product, a buffer's product
+    and a matmul outside attention stay IEEE float32 (exactly the float32 result)."""
     torch.manual_seed(0)
+    model = ToyModel()
     weight16, x = torch.randn(6, 4).bfloat16(), torch.randn(3, 4)
-    with fp16_matmul_compute("cpu"):
+    q, k, v = torch.randn(2, 5, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    positions = torch.arange(4090, 4100)[None]
+    with fp16_matmul_compute("cpu", model=model):
         out = F.linear(x, weight16)
-        product = x @ x.T
-        embedded = F.embedding(torch.tensor([0, 5]), weight16)
         conv1d = torch.addmm(torch.ones(6), x, weight16.T)  # GPT-2's Conv1D: bias + x @ weight (in, out)
+        attended, with_buffer = model.attention(q, k, v)
+        angles = model.rotary(positions)
+        bare = x @ x.T
+        embedded = F.embedding(torch.tensor([0, 5]), weight16)
         untouched = weight16 + weight16
-    assert out.dtype == product.dtype == embedded.dtype == torch.float32
+    assert out.dtype == bare.dtype == embedded.dtype == attended.dtype == torch.float32
     assert torch.equal(out, F.linear(_fp16_rounded(x), weight16.float()))  # bf16 → fp16 is exact here
-    assert torch.equal(product, _fp16_rounded(x) @ _fp16_rounded(x).T)
-    assert conv1d.dtype == torch.float32 and torch.equal(conv1d, out + 1)
+    assert torch.equal(conv1d, out + 1)
+    logits = _fp16_rounded(q) @ _fp16_rounded(k).transpose(-1, -2)
+    assert torch.equal(attended, _fp16_rounded(torch.softmax(logits, dim=-1)) @ _fp16_rounded(v))
+    assert torch.equal(with_buffer, q @ model.attention.table)  # a buffer's product: float32
+    assert torch.equal(angles, model.rotary.inv_freq[None, :, None] @ positions[:, None, :].float())
+    assert not torch.equal(
+        angles, _fp16_rounded(model.rotary.inv_freq[None, :, None]) @ _fp16_rounded(positions[:, None, :].float())
+    )
+    assert torch.equal(bare, x @ x.T)  # outside attention: float32
     assert torch.equal(embedded, weight16.float()[[0, 5]])  # a lookup: upcast, not rounded
     assert untouched.dtype == torch.bfloat16
     with pytest.raises(RuntimeError):
         F.linear(x, weight16)  # outside the context: the mixed-dtype error, as before
+
+
+@pytest.mark.parametrize("mode", ["fp16", "tf32 emulated"])
+def test_smollm2s_rotary_embedding_is_float32_at_every_position(smollm2: tuple[Any, Any], mode: str) -> None:
+    """transformers' own rotary product ``inv_freq @ position_ids`` (the ``@`` operator) under the fp16 and TF32
+    modes gives exactly the float32 angles at positions up to the model's 8,192 (fp16 or TF32 inputs would round
+    positions above 2,048 to even numbers, above 4,096 to multiples of 4)."""
+    model, _ = smollm2
+    rotary = model.model.rotary_emb
+    hidden = torch.zeros(1, 8192, model.config.hidden_size)
+    positions = torch.arange(8192)[None]
+    compute = (
+        fp16_matmul_compute("cpu", model=model)
+        if mode == "fp16"
+        else tf32_matmul_compute("cpu", model=model, emulate=True)
+    )
+    with torch.no_grad():
+        expected = rotary(hidden, positions)
+        with compute:
+            cos, sin = rotary(hidden, positions)
+    assert torch.equal(cos, expected[0]) and torch.equal(sin, expected[1])
+
+
+class CudaKernelsOnCpu(TorchFunctionMode):
+    """Runs the CUDA kernel set's float32-output products on a CPU: ``torch.mm`` / ``torch.bmm`` called with
+    ``out_dtype=torch.float32`` (no CPU kernel) are computed as the float32 products of the fp16 values, after checking
+    that both inputs are fp16; every call is counted. Everything else (CPU's fp16 attention kernel included) runs as
+    called. Entered outside the fp16 mode, it sees exactly the calls the CUDA branch makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func in (torch.mm, torch.bmm) and kwargs.get("out_dtype") is torch.float32:
+            a, b = args
+            assert a.dtype == b.dtype == torch.float16
+            self.calls.append(func.__name__)
+            return func(a.float(), b.float())
+        if func is F.scaled_dot_product_attention:
+            self.calls.append("sdpa")
+        out = func(*args, **kwargs)
+        if func in (torch.mm, torch.bmm, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__):
+            assert out.dtype != torch.float16, f"{func.__name__} returned fp16"
+        return out
+
+
+def test_the_cuda_kernel_set_feeds_fp16_to_float32_output_products() -> None:
+    """The CUDA kernels are torch's float32-output fp16 products (which this CPU build lacks: the call itself fails
+    on ``aten::mm.dtype`` / ``aten::bmm.dtype``), and the shared code path reaches them with fp16 inputs: linear layers
+    through ``mm``, a broadcast eager-attention product through ``bmm``. A product beyond fp16's range stays finite
+    (an fp16 output would be inf)."""
+    kernels = cuda_fp16_kernels()
+    a = torch.ones(2, 2, dtype=torch.float16)
+    with pytest.raises((RuntimeError, NotImplementedError), match=r"aten::mm\.dtype"):
+        kernels.mm(a, a)
+    with pytest.raises((RuntimeError, NotImplementedError), match=r"aten::bmm\.dtype"):
+        kernels.bmm(a[None], a[None])
+    torch.manual_seed(0)
+    x, weight = torch.randn(2, 3, 8), torch.randn(5, 8)
+    q, k = torch.randn(1, 6, 4, 16) * 100, torch.randn(1, 1, 16, 7) * 100  # q·k beyond 65504, q and k in fp16's range
+    with CudaKernelsOnCpu() as probe:
+        linear = fp16_linear(x, weight.half(), None, kernels)
+        product = fp16_matmul(q, k, kernels)
+    assert probe.calls == ["mm", "bmm"]
+    assert torch.equal(linear, fp16_linear(x, weight.half(), None, emulated_fp16_kernels()))
+    assert torch.equal(product, fp16_matmul(q, k, emulated_fp16_kernels()))
+    assert product.abs().max() > 65504 and torch.isfinite(product).all()
+    torch.testing.assert_close(product, _fp16_rounded(q) @ _fp16_rounded(k), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("case", ["causal", "bool mask", "float mask", "gqa"])
+def test_the_emulated_attention_rounds_as_cudas_fp16_kernels(case: str) -> None:
+    """The emulation rounds the unnormalised probabilities and the output to fp16: it matches an fp16 attention
+    kernel (CPU's, through the CUDA branch's own call and mask conversion) to fp16's rounding, and differs from float32
+    attention on the same fp16 inputs, which rounds neither."""
+    torch.manual_seed(0)
+    heads = 2 if case == "gqa" else 4
+    q = torch.randn(1, 4, 300, 16).half()
+    k, v = torch.randn(1, heads, 300, 16).half(), torch.randn(1, heads, 300, 16).half()
+    allowed = torch.ones(300, 300, dtype=torch.bool).tril()
+    allowed[:, :3] = False  # left padding
+    allowed |= torch.eye(300, dtype=torch.bool)  # a padded query row attends itself (as transformers' masks do)
+    kwargs: dict[str, Any] = {
+        "causal": {"is_causal": True},
+        "bool mask": {"attn_mask": allowed[None, None]},
+        "float mask": {"attn_mask": torch.zeros(300, 300).masked_fill(~allowed, torch.finfo(torch.float32).min)},
+        "gqa": {"is_causal": True, "enable_gqa": True},
+    }[case]
+    emulated = emulated_fp16_attention(q, k, v, **kwargs)
+    kernel = cuda_fp16_kernels().attention(q, k, v, **kwargs)
+    assert emulated.dtype == kernel.dtype == torch.float32
+    assert torch.equal(emulated, _fp16_rounded(emulated))  # fp16 values
+    torch.testing.assert_close(emulated, kernel, rtol=0, atol=4e-3)
+    plain = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs)
+    assert not torch.equal(emulated, plain)
+    torch.testing.assert_close(emulated, plain, rtol=0, atol=4e-3)
 
 
 def test_a_device_without_float32_output_fp16_matmuls_is_refused_in_one_line() -> None:
@@ -176,3 +326,87 @@ def test_auto_on_cuda_takes_tf32_where_torch_lacks_float32_output_fp16_matmuls(
     assert any(r.levelname == "WARNING" and "auto -> tf32 on cuda:0 (no fp16" in r.getMessage() for r in caplog.records)
     assert scorer_module.compute_dtype_for("fp16", cuda) == "fp16"  # asked for: refused at its first pass instead
     assert float32_output_mm_missing("cpu") is not None  # this CPU build has no such kernel
+
+
+def _tiny_moe() -> Any:
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    config = Qwen2MoeConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        moe_intermediate_size=8,
+        shared_expert_intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_experts=4,
+        num_experts_per_tok=2,
+    )
+    return Qwen2MoeForCausalLM(config).eval()
+
+
+def test_mixture_of_experts_models_are_refused_for_fp16_and_tf32_in_one_line(smollm2: tuple[Any, Any]) -> None:
+    """transformers runs MoE experts through grouped_mm in the weights' dtype, outside the rule: refused at start-up
+    from the config (pure function), at the first replay from the model, and at a grouped_mm call otherwise;
+    ``auto`` takes fp32 for such a model."""
+    from transformers import DeepseekV3Config, MixtralConfig
+
+    from mrtpo_verl.replay import scorer as scorer_module
+    from mrtpo_verl.replay.product_rule import compute_dtype_refusal
+
+    moe = _tiny_moe()
+    for config, field in (
+        (moe.config, "num_experts=4"),
+        (MixtralConfig(), "experts=8"),
+        (DeepseekV3Config(), "experts=256"),
+    ):
+        for dtype in ("fp16", "tf32"):
+            line = compute_dtype_refusal(config, dtype)
+            assert line is not None and "\n" not in line and field in line
+            assert (
+                line.startswith(f"mrtpo.replay.compute_dtype={dtype} ")
+                and "use mrtpo.replay.compute_dtype fp32" in line
+            )
+        assert [compute_dtype_refusal(config, d) for d in ("fp32", "model", "auto")] == [None, None, None]
+    dense, _ = smollm2
+    assert compute_dtype_refusal(dense.config, "fp16") is None and compute_dtype_refusal(None, "fp16") is None
+    with pytest.raises(RuntimeError, match=r"compute_dtype=fp16 .*num_experts=4"):
+        ReplayScorer(moe, compute_dtype="fp16").score([_Item()], torch.ones(1, 1, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match=r"compute_dtype=tf32 .*grouped_mm"), emulated_products():
+        ReplayScorer(moe, compute_dtype="tf32").score([_Item()], torch.ones(1, 1, dtype=torch.bool))
+    with fp16_matmul_compute("cpu"), pytest.raises(RuntimeError, match=r"compute_dtype=fp16 .*grouped_mm"):
+        F.grouped_mm(torch.randn(4, 16), torch.randn(2, 16, 8), offs=torch.tensor([2, 4], dtype=torch.int32))
+    assert scorer_module.compute_dtype_for("auto", torch.device("cuda", 0), moe.config) == "fp32"
+
+
+class _Item:
+    full_context_ids = (1, 2, 3)
+    leave_one_out_ids = ((1, 3),)
+    response_ids = (4, 5)
+
+
+@pytest.mark.slow
+def test_the_cuda_branch_of_the_mode_runs_smollm2_on_cpu(
+    smollm2: tuple[Any, Any], replay_items: list[ReplayContexts], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mode's CUDA branch (``emulate=False``: the float32-output kernels, CPU's fp16 attention kernel through the
+    CUDA branch's own call) runs a real Spider context on the real SmolLM2, with only the float32-output products
+    computed by :class:`CudaKernelsOnCpu`: every weight product reaches them with fp16 inputs, no product returns fp16,
+    and the logits agree with the emulation's to fp16's rounding of the attention."""
+    from mrtpo_verl.math.relevance import js_distance
+    from mrtpo_verl.replay import fp16_matmuls
+
+    model, _ = smollm2
+    ids = torch.tensor([list(replay_items[0].full_context_ids)])
+    with torch.no_grad(), fp16_matmul_compute("cpu", model=model):
+        emulated = model(input_ids=ids).logits[0]
+    monkeypatch.setattr(fp16_matmuls, "_MISSING", {})  # the probe's answer on this CPU, with the kernels above
+    with torch.no_grad(), CudaKernelsOnCpu() as kernels, fp16_matmul_compute("cpu", model=model, emulate=False):
+        cuda_branch = model(input_ids=ids).logits[0]
+    layers = model.config.num_hidden_layers
+    assert kernels.calls.count("mm") == 1 + 7 * layers + 1  # the probe, q/k/v/o + gate/up/down per layer, LM head
+    assert kernels.calls.count("sdpa") == layers and kernels.calls.count("bmm") == 1  # the probe's
+    distance = js_distance(emulated.float(), cuda_branch.float(), backend="torch").abs()
+    print(f"JS emulation vs CUDA branch on CPU: max {distance.max():.2e}, mean {distance.mean():.2e}")
+    assert distance.max() < 0.02
