@@ -242,6 +242,32 @@ def test_our_advantage_path_gives_verls_advantages(transfer_queue: Any) -> None:
 
 
 @covers(
+    "transfer_queue.response_lengths",
+    "transfer_queue.rollout_attention_mask",
+    "transfer_queue.stored_response_ids",
+    "transfer_queue.tagged_response_lengths",
+)
+def test_the_rollout_layout_reads_back_from_lengths(transfer_queue: Any) -> None:
+    """Stored responses are unpadded rows; the mask over [prompts | responses] is verl's, built from the lengths."""
+    from mrtpo_verl.compat import transfer_queue as tq_batch
+
+    batch = _put_batch(transfer_queue, "layout")
+    data = tq_batch.read_fields(batch, ["prompts", "responses"])
+    lengths = tq_batch.prompt_lengths(data), tq_batch.response_lengths(data)
+    assert lengths[1].tolist() == [4, 2, 6, 3]
+    stored = tq_batch.stored_response_ids(data)
+    padded = data["responses"].to_padded_tensor(-1)
+    assert [row.tolist() for row in stored] == [padded[i, :n].tolist() for i, n in enumerate([4, 2, 6, 3])]
+    mask = tq_batch.rollout_attention_mask(*lengths, 5, 6)
+    expected = torch.zeros(4, 11, dtype=torch.int64)
+    for row, (p, r) in enumerate(zip([3, 5, 3, 5], [4, 2, 6, 3], strict=True)):
+        expected[row, :p] = expected[row, 5 : 5 + r] = 1
+    assert mask.dtype == torch.int64 and torch.equal(mask, expected)
+    tags = [{"response_len": 4}, {"status": "success"}]
+    assert tq_batch.tagged_response_lengths(tq_batch.KVBatchMeta(keys=["a_0_0", "b_0_0"], tags=tags)) == [4, None]
+
+
+@covers(
     "transfer_queue.available_fields",
     "transfer_queue.pop_reward_output",
     "transfer_queue.float_column",

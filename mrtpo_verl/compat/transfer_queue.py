@@ -28,7 +28,11 @@ __all__ = [
     "pop_reward_output",
     "prompt_lengths",
     "read_fields",
+    "response_lengths",
+    "rollout_attention_mask",
     "row_key_parts",
+    "stored_response_ids",
+    "tagged_response_lengths",
     "write_fields",
 ]
 
@@ -163,3 +167,53 @@ def prompt_lengths(data: TensorDict) -> torch.Tensor:
     Relies on: verl 0.9.1 keeping ``prompts`` as a jagged nested tensor (``offsets()``).
     """
     return data["prompts"].offsets().diff()
+
+
+def response_lengths(data: TensorDict) -> torch.Tensor:
+    """(rows,) response lengths of the nested ``responses`` field, read before it is padded.
+
+    A response is every token the agent loop appended after the prompt: the generated turns *and*, in a
+    multi-turn (tool agent) trajectory, the tool outputs and chat-template tokens between them
+    (``AgentLoopOutput.response_ids``); ``response_mask`` marks only the generated ones.
+
+    Relies on: verl 0.9.1 keeping ``responses`` as a jagged nested tensor, as ``_compute_reward_colocate`` reads it.
+    """
+    return data["responses"].offsets().diff()
+
+
+def rollout_attention_mask(
+    prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, prompt_width: int, response_width: int
+) -> torch.Tensor:
+    """(rows, prompt_width + response_width) int64 attention mask over [prompts | responses], both right-padded
+    as ``to_padded_tensor`` leaves them: 1 on each row's first ``prompt_lengths`` prompt columns and first
+    ``response_lengths`` response columns (tool outputs included), 0 on padding.
+
+    Relies on: verl 0.9.1's v1 trainer building the mask from the stored lengths this way
+    (``PPOTrainer._compute_reward_colocate`` with ``PPOTrainer._lengths_to_mask``, ``trainer/ppo/v1/trainer_base.py``);
+    the same function is called here.
+    """
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    prompt_mask = PPOTrainer._lengths_to_mask(prompt_lengths, prompt_width)
+    response_mask = PPOTrainer._lengths_to_mask(response_lengths, response_width)
+    return torch.cat([prompt_mask, response_mask], dim=1)
+
+
+def stored_response_ids(data: TensorDict) -> list[torch.Tensor]:
+    """Each row's response token ids as the rollout stored them (no padding): the nested ``responses`` rows.
+
+    Relies on: as :func:`response_lengths`.
+    """
+    return list(data["responses"].unbind())
+
+
+def tagged_response_lengths(batch: KVBatchMeta) -> list[int | None]:
+    """Each row's response length as verl's agent loop tagged it (``response_len``), None where a row has no tag.
+
+    A record of the length kept apart from the stored tensors (written by ``AgentLoopWorkerTQ._agent_loop_postprocess``
+    next to them, and by ``upsample_batch_to_divisible_size`` for its padding rows).
+
+    Relies on: that tag name (verl 0.9.1 ``trainer/ppo/v1/agent_loop_tq.py``, ``trainer/ppo/padding_utils.py``).
+    """
+    lengths = [tag.get("response_len") for tag in batch_tags(batch)]
+    return [None if length is None else int(length) for length in lengths]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,7 +44,7 @@ from mrtpo_verl.replay.contexts import (
 )
 from mrtpo_verl.replay.scorer import ReplayScorer
 
-__all__ = ["relevance_for_request", "replayed_response_columns"]
+__all__ = ["ContextMismatch", "context_mismatches", "relevance_for_request", "replayed_response_columns"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,58 @@ def replayed_response_columns(request: DataProto) -> list[torch.Tensor]:
     """
     response_attention = _attention_mask(request)[:, request.batch["prompts"].shape[1] :].bool()
     return [response_attention[row].nonzero().flatten() for row in range(len(request))]
+
+
+@dataclass(frozen=True)
+class ContextMismatch:
+    """A row whose replayed response tokens are not the ones the rollout produced for the policy."""
+
+    row: int
+    replayed_tokens: int
+    stored_tokens: int
+    #: First response position (0-based, in the stored response) where the ids differ; None if only the counts do.
+    first_different_position: int | None
+
+    def describe(self) -> str:
+        position = self.first_different_position
+        where = "" if position is None else f", ids differ from position {position}"
+        return f"row {self.row}: {self.replayed_tokens} response tokens replayed, {self.stored_tokens} stored{where}"
+
+
+def context_mismatches(
+    request: DataProto, stored_ids: Sequence[torch.Tensor], stored_lengths: Sequence[int | None] | None = None
+) -> list[ContextMismatch]:
+    """Rows whose replayed response tokens (count and ids) differ from the ones the rollout stored.
+
+    What is replayed is read exactly as the replay reads it (:func:`replayed_response_columns` on the request's
+    ``attention_mask`` and ``responses``); it is compared with a record kept apart from that mask: each row's
+    response ids as the rollout stored them (``stored_ids``, unpadded) and, where given, the response length the
+    rollout recorded for the row (``stored_lengths``, None for a row without one).
+
+    Args:
+        request: a batch in the request layout (module docstring).
+        stored_ids: bs 1-D tensors, each row's response token ids without padding.
+        stored_lengths: bs response lengths (or None per row), or None for none.
+
+    Returns:
+        One :class:`ContextMismatch` per row that differs, in row order (empty when every row matches).
+    """
+    if len(stored_ids) != len(request) or (stored_lengths is not None and len(stored_lengths) != len(request)):
+        raise ValueError(
+            f"context check: {len(stored_ids)} stored responses (and {len(stored_lengths or [])} lengths) "
+            f"for a batch of {len(request)} rows"
+        )
+    columns = replayed_response_columns(request)
+    replayed = _responses(request, columns)
+    mismatches = []
+    for row, (tokens, stored) in enumerate(zip(replayed, stored_ids, strict=True)):
+        stored = stored.tolist()
+        length = len(stored) if stored_lengths is None or stored_lengths[row] is None else stored_lengths[row]
+        if tokens == stored and len(tokens) == length:
+            continue
+        different = next((i for i, (a, b) in enumerate(zip(tokens, stored, strict=False)) if a != b), None)
+        mismatches.append(ContextMismatch(row, len(tokens), length, different))
+    return mismatches
 
 
 def _responses(request: DataProto, columns: Sequence[torch.Tensor]) -> list[list[int]]:

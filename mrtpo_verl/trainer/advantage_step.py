@@ -12,12 +12,22 @@ the step here:
 2. reads the reward components (and, for ``mrtpo``, the verifier information, prompts and responses)
    with verl's fields;
 3. for ``mrtpo`` runs the replay stage and puts ``mrtpo_relevance`` (bs, K, L) in the batch, scored with
-   the weights that computed ``old_log_probs`` (:meth:`MRTPOStep._replay_weights`);
+   the weights that computed ``old_log_probs`` (:meth:`MRTPOStep._replay_weights`), on each response exactly as
+   the policy saw it (see below), and counts the rows where that is not so (``mrtpo/replay/rows_context_mismatch``);
 4. finishes as verl does (:func:`mrtpo_verl.compat.verl.finish_advantage_as_verl`), with the estimator
    inside :func:`mrtpo_verl.advantage_inputs.advantage_inputs` (inputs, global step for the β warm-up);
 5. reports per-reward training metrics (``reward/<key>/...``) and the batch's staleness.
 
 Every other estimator goes to verl's own method unchanged.
+
+The layout both estimators read is verl's: TransferQueue stores each row's prompt and response unpadded (the
+response holds every token the agent loop appended after the prompt, tool outputs between turns included), so
+lengths, not a mask, say where each row ends. ``attention_mask`` (bs, P + L) is built from those lengths as
+verl's own v1 trainer builds it (:func:`mrtpo_verl.compat.transfer_queue.rollout_attention_mask`), the same in
+every trainer mode (the three modes share this step and read the same stored fields). ``gdpo`` reads the
+response length as ``attention_mask[:, P:].sum() - 1``; the replay reads each prompt's and response's tokens from
+it, so tool outputs are replayed as context; ``response_mask`` (1 on generated tokens) only says where
+relevance may be non-zero.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from mrtpo_verl.config import MRTPOConfig
 from mrtpo_verl.estimator import reward_component_matrix
 from mrtpo_verl.metrics import reward_component_metrics, staleness_metrics
 from mrtpo_verl.ray_metrics import publish
+from mrtpo_verl.replay.batch_relevance import context_mismatches
 from mrtpo_verl.startup import MULTI_REWARD_ESTIMATORS, check_run
 from mrtpo_verl.trainer.group_completeness import (
     IncompleteGroupError,
@@ -59,6 +70,9 @@ __all__ = ["MRTPOStep"]
 
 logger = logging.getLogger(__name__)
 
+#: Rows whose replayed response tokens differ from the rollout's stored ones (count and ids), per step.
+CONTEXT_MISMATCH_METRIC = "mrtpo/replay/rows_context_mismatch"
+
 
 class MRTPOStep(VerlTrainerSeam):
     """Mixin for a verl v1 trainer: reward components in the advantage step and the MRTPO replay.
@@ -70,6 +84,8 @@ class MRTPOStep(VerlTrainerSeam):
     #: Set by :meth:`attach_mrtpo` (called from ``on_init_end``); a replay stage for ``mrtpo``.
     mrtpo_config: MRTPOConfig | None = None
     replay_stage: Any = None
+    #: Set once the context-mismatch warning has been logged (it is given once per trainer).
+    context_mismatch_logged: bool = False
 
     # Annotations of what the verl trainer provides (the mixin is always combined with one).
     config: Any
@@ -141,16 +157,20 @@ class MRTPOStep(VerlTrainerSeam):
         data = tq_batch.read_fields(batch, [f for f in fields if f in available])
 
         response_mask = data["response_mask"]
-        prompt_lengths = tq_batch.prompt_lengths(data)
+        prompt_lengths, response_lengths = tq_batch.prompt_lengths(data), tq_batch.response_lengths(data)
+        stored_responses = tq_batch.stored_response_ids(data)  # the rollout's own record, for the context check
         non_tensor = _pop_non_tensor_fields(data, cfg, estimator)
         data = DataProto(batch=data.to_padded_tensor(), non_tensor_batch=non_tensor)
         data.batch["token_level_scores"] = data.batch["rm_scores"]
-        _add_full_attention_mask(data, prompt_lengths)  # gdpo reads prompts + attention_mask
+        _add_full_attention_mask(data, prompt_lengths, response_lengths)  # gdpo reads prompts + attention_mask
 
         reward_metrics = self._reward_metrics(data, batch, cfg)
         metrics.update(reward_metrics)
         publish(reward_metrics, role="driver")
         if estimator == "mrtpo":
+            context_metrics = self._check_replay_context(data, stored_responses, batch)
+            metrics.update(context_metrics)
+            publish(context_metrics, role="driver")
             with self._replay_weights():
                 relevance, replay_metrics = self.replay_stage.run(data, global_step=self.global_steps)
             data.batch[RELEVANCE_KEY] = relevance
@@ -172,6 +192,32 @@ class MRTPOStep(VerlTrainerSeam):
         metrics.update(opened[0].metrics)
         publish(opened[0].metrics, role="driver")  # β_s and weight maxima to the Ray dashboard too
         return written
+
+    def _check_replay_context(
+        self, data: DataProto, stored_responses: list[torch.Tensor], batch: KVBatchMeta
+    ) -> dict[str, float]:
+        """``mrtpo/replay/rows_context_mismatch``: rows whose replayed response is not the rollout's (count, ids).
+
+        The replay's response tokens (read from ``data`` as the replay reads them) are compared with the response
+        ids verl stored for the rollout and the length its agent loop tagged each row with, never with the mask
+        the replay reads. The first step with a mismatch logs one warning naming the rows.
+        """
+        mismatches = context_mismatches(data, stored_responses, tq_batch.tagged_response_lengths(batch))
+        if mismatches and not self.context_mismatch_logged:
+            self.context_mismatch_logged = True
+            logger.warning(
+                "mrtpo replay at global step %d: %d of %d row(s) would replay response tokens other than those the "
+                "rollout produced for the policy (%s%s); their relevance is computed on another context. Counted "
+                "every step in %s (this warning is given once); the batch layout of this verl version is not the "
+                "one mrtpo_verl.compat.transfer_queue expects",
+                self.global_steps,
+                len(mismatches),
+                len(data),
+                "; ".join(m.describe() for m in mismatches[:3]),
+                "; ..." if len(mismatches) > 3 else "",
+                CONTEXT_MISMATCH_METRIC,
+            )
+        return {CONTEXT_MISMATCH_METRIC: float(len(mismatches))}
 
 
 def _require_fields(available: set[str], cfg: MRTPOConfig, estimator: str) -> None:
@@ -200,16 +246,12 @@ def _pop_non_tensor_fields(data: TensorDict, cfg: MRTPOConfig, estimator: str) -
     return non_tensor
 
 
-def _add_full_attention_mask(data: DataProto, prompt_lengths: Any) -> None:
-    """``attention_mask`` over [prompt | response], prompts right-padded as ``to_padded_tensor`` leaves them.
+def _add_full_attention_mask(data: DataProto, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor) -> None:
+    """``attention_mask`` (bs, P + L) over [prompt | response], from the stored lengths as verl's v1 trainer builds it.
 
-    verl's ``gdpo`` reads the response length as ``attention_mask[:, prompt_width:].sum() - 1``, and
-    the replay reads each prompt's own tokens from it; the layout is the one verl's
-    ``_compute_reward_colocate`` builds.
+    Prompts and responses are right-padded as ``to_padded_tensor`` leaves them; every stored response token is
+    covered, tool outputs between turns included (``response_mask`` is 0 there, but the policy saw them).
     """
-    import torch
-
-    prompts = data.batch["prompts"]
-    positions = torch.arange(prompts.shape[1], device=prompts.device)
-    prompt_mask = (positions[None, :] < prompt_lengths.to(prompts.device)[:, None]).long()
-    data.batch["attention_mask"] = torch.cat([prompt_mask, data.batch["response_mask"].long()], dim=1)
+    data.batch["attention_mask"] = tq_batch.rollout_attention_mask(
+        prompt_lengths, response_lengths, data.batch["prompts"].shape[1], data.batch["responses"].shape[1]
+    )

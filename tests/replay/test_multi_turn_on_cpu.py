@@ -25,7 +25,7 @@ from mrtpo_verl.batch_keys import NEEDED_KEY, RELEVANCE_KEY
 from mrtpo_verl.replay.batch_relevance import relevance_for_request
 from mrtpo_verl.replay.contexts import ReplayContextBuilder
 from mrtpo_verl.replay.scorer import ReplayScorer
-from tests.support.verl_layout import reference_js_distance, verl_rollout_tensors
+from tests.support.verl_layout import by_hand_relevance, verl_rollout_tensors
 
 from .conftest import REWARD_KEYS, SpiderPrompt
 
@@ -154,18 +154,6 @@ def test_prompt_rendered_with_other_template_options_is_refused(
     rollout_ids = verl_builder.build_initial_tokens([dict(m) for m in spider_prompts[0].messages])
     with pytest.raises(ValueError, match=r"chat_template_kwargs=\{\}.*data\.apply_chat_template_kwargs"):
         replay_builder(thinking_tokenizer).build(rollout_ids, [2], spider_prompts[0].verifier_info)
-
-
-def by_hand_relevance(model: Any, contexts: Any, response: list[int]) -> torch.Tensor:
-    """(K, T) relevance: one forward pass per context over context + response, JS by its definition."""
-
-    def response_logits(context: tuple[int, ...]) -> torch.Tensor:
-        with torch.inference_mode():
-            logits = model(torch.tensor([[*context, *response]])).logits[0]
-        return logits[len(context) - 1 : len(context) - 1 + len(response)]
-
-    full = response_logits(contexts.full_context_ids)
-    return torch.stack([reference_js_distance(full, response_logits(c)) for c in contexts.leave_one_out_ids])
 
 
 @pytest.mark.parametrize("share_prefix", [True, False])

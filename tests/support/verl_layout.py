@@ -1,4 +1,4 @@
-"""verl's rollout batch layout, and a reference Jensen–Shannon distance, for replay tests.
+"""verl's rollout batch layout, and a by-hand reference relevance (Jensen–Shannon distance), for replay tests.
 
 The layout is the one verl 0.9.1's agent loop produces (``AgentLoopWorker._agent_loop_postprocess``):
 prompts left-padded to the prompt width, responses right-padded to the response width, ``attention_mask``
@@ -10,6 +10,7 @@ response's attention mask.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -58,3 +59,22 @@ def reference_js_distance(logits_p: torch.Tensor, logits_q: torch.Tensor) -> tor
         return torch.where(x > 0, x * (x.log2() - m.log2()), torch.zeros_like(x)).sum(dim=-1)
 
     return ((kl_to_m(p) + kl_to_m(q)) / 2).clamp(min=0).sqrt()
+
+
+def by_hand_relevance(model: Any, contexts: Any, response: Sequence[int]) -> torch.Tensor:
+    """(K, T) reference relevance of a T-token response: one plain forward pass of ``model`` per context over
+    ``context + response``, and :func:`reference_js_distance` between the full context's next-token logits and
+    each leave-one-out context's, at every response position.
+
+    ``contexts``: a :class:`~mrtpo_verl.replay.contexts.ReplayContexts` (``full_context_ids``,
+    ``leave_one_out_ids``).
+    """
+    response = list(response)
+
+    def response_logits(context: Sequence[int]) -> torch.Tensor:
+        with torch.inference_mode():
+            logits = model(torch.tensor([[*context, *response]])).logits[0]
+        return logits[len(context) - 1 : len(context) - 1 + len(response)]
+
+    full = response_logits(contexts.full_context_ids)
+    return torch.stack([reference_js_distance(full, response_logits(c)) for c in contexts.leave_one_out_ids])
