@@ -36,8 +36,8 @@ example: $(STAMP)
 test: lint typecheck unit
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check mrtpo_verl reward_fns tests benchmarks recipes
-	$(VENV)/bin/ruff format --check mrtpo_verl reward_fns tests benchmarks recipes
+	$(VENV)/bin/ruff check mrtpo_verl mrtpo_cpu reward_fns tests benchmarks recipes
+	$(VENV)/bin/ruff format --check mrtpo_verl mrtpo_cpu reward_fns tests benchmarks recipes
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy mrtpo_verl/math

@@ -65,9 +65,9 @@ def engine_option_results() -> list[tuple[str, str, str, bool]]:
     import ray
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
+    from mrtpo_cpu.launch import compose_actor_config, save_derived_model
     from mrtpo_verl.batch_keys import RELEVANCE_KEY
     from mrtpo_verl.config import MRTPOConfig, ReplayConfig
-    from mrtpo_verl.cpu_support.launch import compose_actor_config, save_derived_model
     from mrtpo_verl.trainer.replay_stage import build_request
     from mrtpo_verl.workers.actor_worker import MRTPOActorRolloutRefWorker
     from mrtpo_verl.workers.placement import ColocatedBackend

@@ -194,7 +194,7 @@ def start_group(model_dir: Path, ranks: int, name: str) -> Any:
     import ray
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
-    from mrtpo_verl.cpu_support.launch import compose_actor_config
+    from mrtpo_cpu.launch import compose_actor_config
 
     options = (f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={VERL_LOG_PROB_MICRO_BATCH}",)
     pool = RayResourcePool(process_on_nodes=[ranks], use_gpu=True, max_colocate_count=1, name_prefix=name)
@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"command: {command}"]
     print(lines[0], flush=True)
 
+    from mrtpo_cpu.launch import save_derived_model
     from mrtpo_verl.config import MRTPOConfig, ReplayConfig
-    from mrtpo_verl.cpu_support.launch import save_derived_model
     from mrtpo_verl.replay.model_loading import load_causal_lm
     from reward_fns import dispatch
     from tests.support.actor_groups import cpu_ray_cluster

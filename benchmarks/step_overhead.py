@@ -1,6 +1,6 @@
 """MRTPO's price on verl's real trainer: step time of ``mrtpo`` over ``gdpo``, replay shared and unshared.
 
-Every run is ``python -m mrtpo_verl.main_ppo`` on the CPU backend (:mod:`mrtpo_verl.cpu_support`:
+Every run is ``python -m mrtpo_verl.main_ppo`` on the CPU backend (:mod:`mrtpo_cpu`:
 verl 0.9.1's v1 trainer, FSDP2 on gloo, the ``hf`` rollout) with the full SmolLM2-135M-Instruct,
 the shortest text-to-SQL prompts of the bundled Spider subset (schema + question,
 ``recipes/data/prepare_text_to_sql.py``) and ``rollout.n`` responses each, scored by our
@@ -153,7 +153,7 @@ def table(summaries: list[Summary]) -> list[str]:
 
 
 def run_configuration(root: Path, name: str, round_index: int, args: argparse.Namespace, prompt_length: int) -> dict:
-    from mrtpo_verl.cpu_support.launch import cpu_overrides, reward_overrides, run_main_ppo
+    from mrtpo_cpu.launch import cpu_overrides, reward_overrides, run_main_ppo
 
     out = root / f"{name.replace(' ', '_')}_{round_index}"
     overrides = cpu_overrides(
@@ -182,7 +182,7 @@ def run_configuration(root: Path, name: str, round_index: int, args: argparse.Na
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    from mrtpo_verl.cpu_support.launch import save_derived_model
+    from mrtpo_cpu.launch import save_derived_model
 
     with tempfile.TemporaryDirectory(prefix="step_overhead_") as temp:
         root = args.work_dir or Path(temp)

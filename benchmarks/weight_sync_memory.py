@@ -29,8 +29,8 @@ from ray import cloudpickle
 from verl.single_controller.base.decorator import Dispatch, register
 
 from benchmarks.machine import machine_description
-from mrtpo_verl.cpu_support.distributed import SETUP_HOOK
-from mrtpo_verl.cpu_support.launch import CPU_ENV, compose_actor_config, save_derived_model
+from mrtpo_cpu.distributed import SETUP_HOOK
+from mrtpo_cpu.launch import CPU_ENV, compose_actor_config, save_derived_model
 from mrtpo_verl.workers.actor_worker import MRTPOActorRolloutRefWorker
 from mrtpo_verl.workers.weight_gather import load_stored
 

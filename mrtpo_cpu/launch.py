@@ -4,8 +4,9 @@
   its first ``num_layers`` decoder layers, saved as a normal HF folder for
   ``actor_rollout_ref.model.path``.
 - :data:`CPU_ENV`: set in the driver *before* verl is imported and forwarded to every Ray process
-  (``ray_kwargs.ray_init.runtime_env.env_vars``): selects the CPU platform and makes every
-  ``import verl`` import :mod:`mrtpo_verl.cpu_support.register` (verl's ``VERL_USE_EXTERNAL_MODULES``).
+  (``ray_kwargs.ray_init.runtime_env.env_vars``): selects the CPU platform, puts this backend's folder on
+  ``PYTHONPATH`` and makes every ``import verl`` import :mod:`mrtpo_cpu.register` (verl's
+  ``VERL_USE_EXTERNAL_MODULES``).
 - :func:`cpu_overrides`: the hydra overrides of a CPU run (logical GPUs for Ray's placement
   groups, the ``hf`` rollout, fp32 FSDP, small batches, one agent/reward worker).
 - :func:`reward_overrides`: our ``reward_fns`` as verl's custom reward function, with the reward
@@ -24,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mrtpo_cpu.distributed import SETUP_HOOK
 from mrtpo_verl.config import CPU_REPLAY_BUDGETS
-from mrtpo_verl.cpu_support.distributed import SETUP_HOOK
 
 __all__ = [
     "CPU_ENV",
@@ -38,11 +39,16 @@ __all__ = [
     "separate_async_overrides",
 ]
 
+#: The folder holding the ``mrtpo_cpu`` package (the repository root): the backend is not in the wheel, so every
+#: process of a CPU run finds it through ``PYTHONPATH``.
+BACKEND_ROOT = str(Path(__file__).resolve().parent.parent)
+
 CPU_ENV = {
     "VERL_PLATFORM": "cpu",
+    "PYTHONPATH": os.pathsep.join(p for p in (BACKEND_ROOT, os.environ.get("PYTHONPATH", "")) if p),
     # mrtpo_trainer: registers trainer.v1.trainer_mode=mrtpo_sync in every process (the verl.plugins
     # entry point registers only the estimator, so verl's TaskRunnerV1 would not find the trainer).
-    "VERL_USE_EXTERNAL_MODULES": "mrtpo_verl.cpu_support.register,mrtpo_verl.trainer.mrtpo_trainer",
+    "VERL_USE_EXTERNAL_MODULES": "mrtpo_cpu.register,mrtpo_verl.trainer.mrtpo_trainer",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
@@ -90,7 +96,7 @@ def cpu_overrides(
 ) -> list[str]:
     """Hydra overrides (on ``mrtpo_trainer``) that run verl's trainer on one CPU 'device'.
 
-    ``logical_gpus``: Ray's GPU count (logical; see :mod:`mrtpo_verl.cpu_support.platform`): one for
+    ``logical_gpus``: Ray's GPU count (logical; see :mod:`mrtpo_cpu.platform`): one for
     the trainer's pool, plus one per standalone rollout replica in ``separate_async``
     (:func:`separate_async_overrides`).
     """
@@ -138,7 +144,7 @@ def cpu_overrides(
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32",
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32",
-        # rollout: the hf backend of mrtpo_verl.cpu_support
+        # rollout: the hf backend of mrtpo_cpu
         "actor_rollout_ref.rollout.name=hf",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"actor_rollout_ref.rollout.n={n}",
@@ -208,7 +214,7 @@ def separate_async_overrides(*, batch_size: int, n: int, parameter_sync_step: in
 
     One standalone ``hf`` rollout replica on its own logical GPU bundle (``rollout.nnodes`` x
     ``n_gpus_per_node`` = 1), the actor's weights pushed to it by the ``gloo`` checkpoint engine
-    (:mod:`mrtpo_verl.cpu_support.gloo_checkpoint_engine`, loaded through verl's
+    (:mod:`mrtpo_cpu.gloo_checkpoint_engine`, loaded through verl's
     ``checkpoint_engine.custom_backend_module``), and ``parameter_sync_step`` mini-steps of
     ``batch_size / parameter_sync_step`` prompts (x ``n`` responses, one micro-batch) per step (verl's rule).
     """
@@ -224,7 +230,7 @@ def separate_async_overrides(*, batch_size: int, n: int, parameter_sync_step: in
         "actor_rollout_ref.rollout.nnodes=1",
         "actor_rollout_ref.rollout.n_gpus_per_node=1",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
-        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=mrtpo_verl.cpu_support.gloo_checkpoint_engine",
+        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=mrtpo_cpu.gloo_checkpoint_engine",
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
     ]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 
-from mrtpo_verl.cpu_support.platform import PLATFORM_NAME, PlatformCPU
+from mrtpo_cpu.platform import PLATFORM_NAME, PlatformCPU
 
 __all__ = ["PLATFORM_NAME", "ROLLOUT_NAME", "PlatformCPU", "install", "register_hf_rollout"]
 
-#: ``actor_rollout_ref.rollout.name`` of the HF rollout (:mod:`mrtpo_verl.cpu_support.rollout`).
+#: ``actor_rollout_ref.rollout.name`` of the HF rollout (:mod:`mrtpo_cpu.rollout`).
 ROLLOUT_NAME = "hf"
-_ROLLOUT_MODULE = "mrtpo_verl.cpu_support.rollout"
+_ROLLOUT_MODULE = "mrtpo_cpu.rollout"
 
 
 def register_hf_rollout() -> None:
@@ -37,8 +37,8 @@ def register_hf_rollout() -> None:
 
 def install() -> None:
     """Register the CPU engine, the ``hf`` rollout and the ``gloo`` checkpoint engine with verl (idempotent)."""
-    from mrtpo_verl.cpu_support import gloo_checkpoint_engine  # noqa: F401  (CheckpointEngineRegistry: "gloo")
-    from mrtpo_verl.cpu_support.engine import register_cpu_engines
+    from mrtpo_cpu import gloo_checkpoint_engine  # noqa: F401  (CheckpointEngineRegistry: "gloo")
+    from mrtpo_cpu.engine import register_cpu_engines
 
     register_cpu_engines()
     register_hf_rollout()

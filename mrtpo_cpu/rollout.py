@@ -13,7 +13,7 @@ verl 0.9.1 has two registries for a rollout backend, and this module fills both 
   (colocated) weight sync and loads them into the server. In a standalone replica
   (``separate_async``) verl builds the adapter inside a ``CheckpointEngineWorker`` instead, which
   feeds it what the checkpoint engine received (on CPU the ``gloo`` engine,
-  :mod:`mrtpo_verl.cpu_support.gloo_checkpoint_engine`).
+  :mod:`mrtpo_cpu.gloo_checkpoint_engine`).
 
 The server generates with ``model.generate`` one request at a time (CPU), sampling with the
 request's temperature / top-p / top-k, at most ``rollout.response_length`` new tokens.
@@ -69,7 +69,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: ``actor_rollout_ref.rollout.name`` of this backend (registered by :mod:`mrtpo_verl.cpu_support.register`).
+#: ``actor_rollout_ref.rollout.name`` of this backend (registered by :mod:`mrtpo_cpu.register`).
 ROLLOUT_NAME = "hf"
 #: Start of the line a server prints after loading weights (tests read it from the run's log).
 WEIGHTS_LOADED = "hf rollout: loaded weights"

@@ -60,7 +60,7 @@ DEFAULT_MAX_CACHE_BYTES = 4 * 1024**3
 #: Replay forward-pass budgets, sized for a GPU: at most this many rows and padded tokens per call. 32,768 tokens is
 #: twice verl's default ``log_prob_max_token_len_per_gpu`` (16,384): the replay's passes are forward-only and compute
 #: no logits over prompt positions (verl's old-log-prob pass materialises (tokens, vocab) logits). The CPU runs
-#: (:func:`mrtpo_verl.cpu_support.launch.cpu_overrides`) keep ``CPU_REPLAY_BUDGETS``.
+#: (:func:`mrtpo_cpu.launch.cpu_overrides`) keep ``CPU_REPLAY_BUDGETS``.
 DEFAULT_REPLAY_MICRO_BATCH_SIZE = 256
 DEFAULT_REPLAY_MAX_TOKENS_PER_CALL = 32768
 #: (micro_batch_size, max_tokens_per_micro_batch) of the CPU preset: padded passes need an attention mask, slower on

@@ -52,7 +52,7 @@ class Outcome:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A valid model folder and data, and broken variants of each."""
-    from mrtpo_verl.cpu_support.launch import save_derived_model
+    from mrtpo_cpu.launch import save_derived_model
 
     root = tmp_path_factory.mktemp("inputs")
     model = save_derived_model(root / "model", num_layers=1)

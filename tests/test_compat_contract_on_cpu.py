@@ -81,8 +81,8 @@ def test_every_seam_function_is_covered() -> None:
 
 
 def test_no_private_detail_outside_the_seam() -> None:
-    """No module of mrtpo_verl outside compat reads another object's private attribute or imports a private name,
-    TransferQueue or transformers' cache classes."""
+    """No module of mrtpo_verl outside compat, nor of the CPU backend (mrtpo_cpu), reads another object's private
+    attribute or imports a private name, TransferQueue or transformers' cache classes."""
     allowed_dunders = {
         "__name__",
         "__dict__",
@@ -95,7 +95,7 @@ def test_no_private_detail_outside_the_seam() -> None:
         "__version__",  # a package's public version string
     }
     found = []
-    for path in sorted((REPO / "mrtpo_verl").rglob("*.py")):
+    for path in sorted([*(REPO / "mrtpo_verl").rglob("*.py"), *(REPO / "mrtpo_cpu").rglob("*.py")]):
         if "compat" in path.parts:
             continue
         where = path.relative_to(REPO)
@@ -413,7 +413,7 @@ def test_engine_device_is_verls_platform_device() -> None:
     assert "get_device_id()" in inspect.getsource(importlib.import_module("verl.workers.engine.fsdp.transformer_impl"))
     probe = "\n".join(
         (
-            "import mrtpo_verl.cpu_support.platform",
+            "import mrtpo_cpu.platform",
             "from mrtpo_verl.compat.verl import engine_device",
             "print(engine_device())",
         )
@@ -444,8 +444,8 @@ def test_actor_dtype_defaults_to_bf16_as_verls_fsdp_engine() -> None:
 def test_cpu_engine_and_rollout_registrations() -> None:
     from verl.workers.rollout.base import get_rollout_class
 
+    from mrtpo_cpu.engine import register_cpu_engines
     from mrtpo_verl.compat.verl import engine_registered, register_rollout_adapter
-    from mrtpo_verl.cpu_support.engine import register_cpu_engines
 
     register_cpu_engines()
     assert engine_registered("language_model", "fsdp2", "cpu")
@@ -627,6 +627,15 @@ def test_fsdp2_module_methods() -> None:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     assert "_fsdp_wrapped_module" in inspect.getsource(importlib.import_module(FullyShardedDataParallel.__module__))
+
+
+@covers("torch_fsdp.TESTED_TORCH")
+def test_the_torch_these_tests_run_on_is_in_the_tested_range() -> None:
+    """The range the start-up warning and setup.py state is the one these contract tests pass on."""
+    from mrtpo_verl.compat.torch_fsdp import TESTED_TORCH
+    from mrtpo_verl.startup.torch_version import untested_torch
+
+    assert untested_torch(torch.__version__) is None, f"torch {torch.__version__} outside {TESTED_TORCH}"
 
 
 #: Run in its own process: it starts a one-rank gloo process group, which must not outlive the test.

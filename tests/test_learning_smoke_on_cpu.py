@@ -1,7 +1,7 @@
 """``python -m benchmarks.learning --preset smoke``: the comparison harness end to end on verl's real trainer.
 
 Two arms (``gdpo``, ``mrtpo``), one seed, two steps each on a 2-layer cut of SmolLM2 (the CPU backend
-of ``mrtpo_verl.cpu_support``, as in ``tests/cpu_run``), on the built demo task; evaluation before
+of ``mrtpo_cpu``, as in ``tests/cpu_run``), on the built demo task; evaluation before
 training and after each step. The command runs as users run it (a subprocess); the test reads back
 the per-step records, the report and its plots, runs the command again (nothing is rerun) and with
 changed settings (refused, the field named). Checks that it runs and records what verl logged, not

@@ -161,7 +161,7 @@ def prepare_model(args: argparse.Namespace, chosen: Preset, out: Path) -> Path:
         if not (folder / "config.json").is_file():
             raise SystemExit(f"error: --model-path {args.model_path}: no config.json (a local HF model folder)")
         return folder
-    from mrtpo_verl.cpu_support.launch import save_derived_model
+    from mrtpo_cpu.launch import save_derived_model
 
     if not (folder / "config.json").is_file():
         save_derived_model(folder, num_layers=chosen.model_layers)

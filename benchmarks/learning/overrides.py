@@ -9,7 +9,7 @@ measures the policy, not the sampler's luck. On the CPU backend verl's ``full_de
 so every arm samples the same responses at step 1 (same initial weights), and a re-run of a seed
 repeats its curves; arms then differ only through their updates.
 
-CPU: verl's trainer on :mod:`mrtpo_verl.cpu_support` (:func:`mrtpo_verl.cpu_support.launch.cpu_overrides`:
+CPU: verl's trainer on :mod:`mrtpo_cpu` (:func:`mrtpo_cpu.launch.cpu_overrides`:
 FSDP2 on gloo in fp32, the ``hf`` rollout). GPU: one node of ``n_gpus`` GPUs with verl's vLLM or
 SGLang rollout, colocated with the FSDP2 actor, as in ``recipes/common.sh``.
 """
@@ -120,7 +120,7 @@ def run_overrides(preset: Preset, task: Task, model_path: Path, folder: Path, ar
     """Every override of the (arm, seed) run whose folder is ``folder`` (checkpoints in ``folder/ckpt``)."""
     ckpt = folder / "ckpt"
     if preset.device == "cpu":
-        from mrtpo_verl.cpu_support.launch import cpu_overrides
+        from mrtpo_cpu.launch import cpu_overrides
 
         if preset.rollout != "hf":
             raise ValueError(f"rollout {preset.rollout!r} on cpu: the CPU backend's rollout is 'hf'")
@@ -161,7 +161,7 @@ def run_env(preset: Preset) -> dict[str, str]:
     run then waits for them until its time limit. The kernel's OOM killer still guards the machine.
     """
     if preset.device == "cpu":
-        from mrtpo_verl.cpu_support.launch import CPU_ENV
+        from mrtpo_cpu.launch import CPU_ENV
 
         return {**CPU_ENV, **LOCAL_RAY, "RAY_memory_monitor_refresh_ms": "0"}
     return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **LOCAL_RAY}

@@ -19,7 +19,7 @@ class Preset:
     """One comparison's settings, shared by every arm and seed.
 
     Attributes:
-        device: ``cpu`` (verl's trainer on the CPU backend of ``mrtpo_verl.cpu_support``) or ``gpu``.
+        device: ``cpu`` (verl's trainer on the CPU backend of ``mrtpo_cpu``) or ``gpu``.
         rollout: verl's rollout engine: ``hf`` (CPU backend), ``vllm`` or ``sglang``.
         model_layers: for the embedded SmolLM2-135M-Instruct, keep this many decoder layers (None: all 30).
         train_prompts, val_prompts: sizes of the built demo task's splits (a recipe's data is used whole).

@@ -120,7 +120,7 @@ class Task:
 
     def reward_overrides(self) -> list[str]:
         """verl's custom reward function = ``reward_fns.dispatch`` on this family, and MRTPO's keys."""
-        from mrtpo_verl.cpu_support.launch import reward_overrides
+        from mrtpo_cpu.launch import reward_overrides
 
         overrides = reward_overrides([self.family], self.reward_keys, self.info_keys)
         if self.max_constraints is not None:

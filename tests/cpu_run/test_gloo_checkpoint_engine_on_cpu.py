@@ -35,7 +35,7 @@ def _member(role: str, inbox: Any, outbox: Any) -> None:
 
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
-    import mrtpo_verl.cpu_support.gloo_checkpoint_engine  # noqa: F401  (registers "gloo")
+    import mrtpo_cpu.gloo_checkpoint_engine  # noqa: F401  (registers "gloo")
 
     engine = CheckpointEngineRegistry.new("gloo", bucket_size=BUCKET, is_master=role == "actor", timeout_s=60)
     try:
@@ -61,7 +61,7 @@ def _member(role: str, inbox: Any, outbox: Any) -> None:
 def test_gloo_engine_broadcasts_weights_between_two_processes() -> None:
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
-    from mrtpo_verl.cpu_support.gloo_checkpoint_engine import GlooCheckpointEngine
+    from mrtpo_cpu.gloo_checkpoint_engine import GlooCheckpointEngine
 
     assert CheckpointEngineRegistry.get("gloo") is GlooCheckpointEngine
     context = mp.get_context("spawn")
@@ -97,7 +97,7 @@ def test_gloo_engine_broadcasts_weights_between_two_processes() -> None:
 
 
 def test_topology_keeps_other_actor_ranks_out_and_numbers_rollout_workers() -> None:
-    from mrtpo_verl.cpu_support.gloo_checkpoint_engine import GlooCheckpointEngine
+    from mrtpo_cpu.gloo_checkpoint_engine import GlooCheckpointEngine
 
     master = {"is_master": True, "master_addr": "127.0.0.1", "master_port": 1234}
     actor, rollout = GlooCheckpointEngine.build_topology(3, 2, [master] + [{"is_master": False}] * 4)

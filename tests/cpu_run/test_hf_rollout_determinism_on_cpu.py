@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mrtpo_verl.cpu_support.launch import save_derived_model
-from mrtpo_verl.cpu_support.rollout import HFLLMServer, request_seed
+from mrtpo_cpu.launch import save_derived_model
+from mrtpo_cpu.rollout import HFLLMServer, request_seed
 
 SAMPLED = {"temperature": 1.0, "max_tokens": 24}
 IDS = [f"det-{priority}" for priority in range(6)]

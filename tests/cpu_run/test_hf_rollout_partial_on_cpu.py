@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mrtpo_verl.cpu_support.launch import save_derived_model
-from mrtpo_verl.cpu_support.rollout import HFLLMServer
+from mrtpo_cpu.launch import save_derived_model
+from mrtpo_cpu.rollout import HFLLMServer
 
 MAX_TOKENS = 300
 GREEDY = {"temperature": 0.0, "max_tokens": MAX_TOKENS}

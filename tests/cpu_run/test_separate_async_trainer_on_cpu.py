@@ -5,7 +5,7 @@ The CPU backend and data of ``test_verl_trainer_on_cpu.py`` with
 standalone ``hf`` rollout replica on its own (logical) GPU bundle behind verl's
 ``CheckpointEngineWorker``, next to the hybrid replica in the actor's processes; after every step
 the actor's weights reach the standalone replica through the ``gloo`` checkpoint engine
-(``mrtpo_verl/cpu_support/gloo_checkpoint_engine.py``, registered in verl's
+(``mrtpo_cpu/gloo_checkpoint_engine.py``, registered in verl's
 ``CheckpointEngineRegistry`` and named by ``checkpoint_engine.custom_backend_module``). Each step is
 ``parameter_sync_step=2`` mini-steps of 2 prompts x 4 responses on verl's ``DetachActorWorker``
 (π_old parked on the CPU for mini-step 2). Runs: ``mrtpo`` for 2 steps and ``gdpo`` for 1.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mrtpo_verl.cpu_support.launch import separate_async_overrides
-from mrtpo_verl.cpu_support.rollout import WEIGHTS_LOADED
+from mrtpo_cpu.launch import separate_async_overrides
+from mrtpo_cpu.rollout import WEIGHTS_LOADED
 from tests.cpu_run.test_verl_trainer_on_cpu import (
     BATCH,
     WARMUP_STEPS,
@@ -65,7 +65,7 @@ def checksum_of(model_dir: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mrtpo_verl.cpu_support.rollout import parameter_checksum
+    from mrtpo_cpu.rollout import parameter_checksum
 
     return parameter_checksum(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
 

@@ -1,7 +1,7 @@
 """verl 0.9.1's real v1 trainer, end to end on CPU: rollout, rewards, old log-probs, replay, advantage, update.
 
 Each run is ``python -m mrtpo_verl.main_ppo`` in its own process (its own Ray cluster) with the CPU
-backend of :mod:`mrtpo_verl.cpu_support`: verl's own ``TaskRunnerV1``, ``ActorRolloutRefWorker``
+backend of :mod:`mrtpo_cpu`: verl's own ``TaskRunnerV1``, ``ActorRolloutRefWorker``
 with verl's FSDP2 engine on gloo, the ``hf`` rollout, verl's agent loop, reward loop and
 TransferQueue, and our registered ``mrtpo_sync`` trainer. The model is the embedded
 SmolLM2-135M-Instruct cut to its first two layers; the prompts are real IFEval prompts
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mrtpo_verl.cpu_support.launch import cpu_overrides, reward_overrides, run_main_ppo, save_derived_model
+from mrtpo_cpu.launch import cpu_overrides, reward_overrides, run_main_ppo, save_derived_model
 
 pytestmark = pytest.mark.slow
 

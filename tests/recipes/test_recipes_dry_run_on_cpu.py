@@ -153,7 +153,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from mrtpo_verl.cpu_support.launch import save_derived_model
+    from mrtpo_cpu.launch import save_derived_model
 
     return str(save_derived_model(tmp_path_factory.mktemp("model"), num_layers=1))
 

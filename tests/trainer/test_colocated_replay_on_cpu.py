@@ -1,7 +1,7 @@
 """Colocated replay on verl's real actor worker: two FSDP2 ranks on gloo, one Ray worker group.
 
 verl's ``ActorRolloutRefWorker`` (our subclass, role ``actor``) builds its real FSDP2 engine on CPU
-through :mod:`mrtpo_verl.cpu_support`; ``compute_mrtpo_relevance`` then replays on the engine's
+through :mod:`mrtpo_cpu`; ``compute_mrtpo_relevance`` then replays on the engine's
 sharded model in place. Checked against the in-process scorer on the same weights:
 
 - every pair needed: the same relevance (each rank scores its own rows);
@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from mrtpo_cpu.launch import save_derived_model
 from mrtpo_verl.batch_keys import RANK_TIME_METRIC, RELEVANCE_KEY
 from mrtpo_verl.config import MRTPOConfig, ReplayConfig
-from mrtpo_verl.cpu_support.launch import save_derived_model
 from mrtpo_verl.replay.model_runners import PeerFailed
 from mrtpo_verl.trainer.replay_stage import ReplayStage, ReplayWorkerFailed, build_request
 from mrtpo_verl.workers.placement import ColocatedBackend, InProcessBackend
