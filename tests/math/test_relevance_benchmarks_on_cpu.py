@@ -19,6 +19,8 @@ def test_cpu_benchmark_quick_run_prints_one_table(capsys: pytest.CaptureFixture[
     assert all(line.split("|")[-2].strip() not in {"", "nan"} for line in table[2:])
 
 
-def test_gpu_check_without_a_gpu_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_check_without_a_gpu_exits_2(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The plain command on a machine without CUDA (here: every CI machine) names why and checks nothing."""
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
-    assert gpu_check.main() == 2
+    assert gpu_check.main([]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
