@@ -1,4 +1,4 @@
-"""GPU rows of the README's engine-option matrix: the colocated replay with options a CPU run cannot exercise.
+"""GPU rows of the engine-option matrix (docs/verification.md): the colocated replay with options no CPU run exercises.
 
 One rank of verl's real actor worker (FSDP2 on NCCL, one GPU) per option; each computes the colocated relevance
 of the same real batch (SmolLM2-135M-Instruct answers to Spider questions, every reward pair needed), compared

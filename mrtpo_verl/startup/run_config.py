@@ -27,7 +27,7 @@ TRAINER_MODES = {
 }
 #: The default (``mrtpo_trainer.yaml``).
 OUR_TRAINER_MODE = "mrtpo_sync"
-#: Why ``trainer.use_v1=false`` cannot run ``mrtpo`` (README: "The legacy trainer").
+#: Why ``trainer.use_v1=false`` cannot run ``mrtpo`` (docs/design.md: "The legacy trainer").
 LEGACY_TRAINER_REASON = (
     "verl 0.9.1's legacy RayPPOTrainer runs rollout, rewards, old log-probs, ref and the advantage inside "
     "one fit() method with no extension point before compute_advantage, and its compute_advantage hands a "
@@ -154,7 +154,7 @@ def _check_trainer_mode(config: DictConfig, mode: str, estimator: str) -> None:
             "pool receives weights through a checkpoint engine"
         )
     # With mrtpo.replay.placement=colocated the replay runs on the trainer's pool (the actor's processes),
-    # never on the standalone rollout pool, which holds no trainer weights (README "Trainer modes").
+    # never on the standalone rollout pool, which holds no trainer weights (docs/design.md "Trainer modes").
 
 
 def _check_colocated_actor(config: DictConfig) -> None:
