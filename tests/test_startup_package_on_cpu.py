@@ -19,6 +19,7 @@ import torch
 import transformers
 
 from mrtpo_verl.compat.torch_fsdp import TESTED_TORCH
+from mrtpo_verl.config import MRTPOConfigError
 from mrtpo_verl.startup import check_run
 from mrtpo_verl.startup.torch_version import untested_torch
 from tests.test_config_on_cpu import MULTI_REWARD_RUN, compose_trainer
@@ -148,3 +149,34 @@ def test_chat_template_kwargs_set_on_the_command_line_are_a_mapping(run_inputs: 
     config = composed(run_inputs, "mrtpo.replay.chat_template_kwargs={enable_thinking:false}")
     report = check_run(config, process="trainer")
     assert report.mrtpo is not None and report.mrtpo.replay.chat_template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize("compute_dtype", ["fp16", "tf32"])
+def test_reduced_precision_is_refused_at_start_up_for_a_mixture_of_experts_model(
+    run_inputs: dict[str, Path], startup_config_reads: list[str], tmp_path: Path, compute_dtype: str
+) -> None:
+    """The experts' grouped_mm is outside the fp16/tf32 rule: refused from the model's config, read once; the same
+    model with ``fp32`` or ``auto`` (which resolves to fp32 for experts) starts, and a dense model takes fp16/tf32."""
+    folder = tmp_path / "moe"
+    transformers.MixtralConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        max_position_embeddings=4096,
+    ).save_pretrained(folder)
+    moe = {**run_inputs, "model": folder}
+    with pytest.raises(MRTPOConfigError) as refused:
+        check_run(composed(moe, f"mrtpo.replay.compute_dtype={compute_dtype}"), defaults=compose_trainer())
+    assert str(refused.value) == (
+        f"mrtpo.replay.compute_dtype={compute_dtype} cannot apply its precision rule to this mixture-of-experts "
+        "model (num_experts=4: transformers runs the experts through grouped_mm in the weights' dtype); "
+        "use mrtpo.replay.compute_dtype fp32 or model"
+    )
+    assert startup_config_reads == [str(folder)]
+    for allowed in ("fp32", "auto"):
+        check_run(composed(moe, f"mrtpo.replay.compute_dtype={allowed}"), defaults=compose_trainer())
+    check_run(composed(run_inputs, f"mrtpo.replay.compute_dtype={compute_dtype}"), defaults=compose_trainer())

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from mrtpo_verl.compat.transformers import float32_capable_attention
+from mrtpo_verl.compute_dtypes import compute_dtype_refusal
 from mrtpo_verl.config import (
     COMPUTE_DTYPES,
     DEFAULT_MAX_CACHE_BYTES,
@@ -35,7 +36,6 @@ from mrtpo_verl.replay.float32_compute import float32_compute
 from mrtpo_verl.replay.fp16_matmuls import float32_output_mm_missing, fp16_matmul_compute
 from mrtpo_verl.replay.model_runners import LocalModelRunner, ModelRunner, PrefixCache
 from mrtpo_verl.replay.prefix_tree import PrefixNode, build_prefix_tree, two_level_tree
-from mrtpo_verl.replay.product_rule import compute_dtype_refusal
 from mrtpo_verl.replay.tf32_matmuls import tf32_in_effect, tf32_matmul_compute
 
 __all__ = ["ReplayInputs", "ReplayResult", "ReplayScorer", "ReplayStats", "cache_bytes_per_token"]
@@ -505,7 +505,7 @@ def compute_dtype_for(requested: str, device: torch.device, model_config: Any = 
     said once per process and device. Where ``auto`` would choose fp16 but this torch has no fp16 matmul with
     float32 output on the device, ``auto`` takes tf32 (TF32's 10 mantissa bits, as fp16's, at half fp16's rate) and
     says why; an explicit ``fp16`` is refused there instead (:func:`require_float32_output_mm`, at the first pass).
-    Where ``model_config`` refuses fp16 (:func:`~mrtpo_verl.replay.product_rule.compute_dtype_refusal`: a
+    Where ``model_config`` refuses fp16 (:func:`~mrtpo_verl.compute_dtypes.compute_dtype_refusal`: a
     mixture-of-experts model), ``auto`` takes fp32 and says why; an explicit fp16 / tf32 is refused at the first pass.
     """
     resolved = resolve_compute_dtype(requested, device.type)

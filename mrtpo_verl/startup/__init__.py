@@ -27,7 +27,8 @@ A mistake raises :class:`~mrtpo_verl.config.MRTPOConfigError` or
 Modules: :mod:`.run_config` (the ``mrtpo`` block and its fit with verl), :mod:`.lengths` (the replay's budget),
 :mod:`.engine` (the actor engine for the colocated replay), :mod:`.verl_config` (verl's part: value types,
 estimator, ``validate_config``), :mod:`.inputs` (the dry run's data, model, tokenizer and reward function),
-:mod:`.reads` (what is read once), :mod:`.torch_version`, :mod:`.mistakes` (the one-line error).
+:mod:`.compute_dtype` (the replay's precision mode against the model's architecture), :mod:`.reads` (what is read
+once), :mod:`.torch_version`, :mod:`.mistakes` (the one-line error).
 """
 
 from __future__ import annotations
@@ -113,6 +114,10 @@ def check_run(
         raise ConfigMistake(f"mrtpo.dry_run: got {dry!r} (allowed: true | false)")
     check_estimator(config)
     mrtpo = validate_run_config(config, reads)
+    if mrtpo is not None and str(OmegaConf.select(config, "algorithm.adv_estimator")) == "mrtpo":
+        from mrtpo_verl.startup.compute_dtype import check_compute_dtype
+
+        check_compute_dtype(config, mrtpo, reads)
     if defaults is not None:
         check_value_types(config, defaults)
     check_verl_config(config)

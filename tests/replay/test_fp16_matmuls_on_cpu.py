@@ -352,8 +352,8 @@ def test_mixture_of_experts_models_are_refused_for_fp16_and_tf32_in_one_line(smo
     ``auto`` takes fp32 for such a model."""
     from transformers import DeepseekV3Config, MixtralConfig
 
+    from mrtpo_verl.compute_dtypes import compute_dtype_refusal
     from mrtpo_verl.replay import scorer as scorer_module
-    from mrtpo_verl.replay.product_rule import compute_dtype_refusal
 
     moe = _tiny_moe()
     for config, field in (
