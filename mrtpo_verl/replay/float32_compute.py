@@ -1,11 +1,10 @@
 """Run a model's forward pass in float32 whatever dtype its weights are stored or gathered in.
 
-A bf16 forward pass rounds every matmul's inputs to 8 bits of mantissa; two passes of the same context that
-differ only in batching then already differ by a Jensen–Shannon distance of about 0.02 per token, a third of
-the leave-one-out signal (``benchmarks/replay_numerics_latest.md``). Computing in float32 with the weights
-as they are (bf16 parameters upcast at each use) removes that noise: the relevance then differs from a
-float32 model's only by the weights' own rounding (max |Δq| 0.004–0.010 on SmolLM2 and the families' batches,
-against 0.04–0.08; none where the weights are float32, as the colocated replay gathers verl's master shards).
+A bf16 forward pass rounds every matmul's inputs to 8 bits of mantissa, and two passes of the same context that
+differ only in batching then differ by a Jensen–Shannon distance comparable to the leave-one-out signal itself.
+Computing in float32 with the weights as they are (bf16 parameters upcast at each use) removes that noise: the
+relevance then differs from a float32 model's only by the weights' own rounding, and not at all where the weights
+are float32, as the colocated replay gathers verl's master shards (figures: ``docs/numerics.md``).
 
 :func:`float32_compute` is a context in which
 
