@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: venv demo example test lint typecheck unit browser clean
+.PHONY: venv demo example test e2e lint typecheck unit browser clean
 
 $(STAMP): setup.py pyproject.toml requirements/data-packages.txt requirements/triton-interpreter.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ typecheck: $(STAMP)
 
 unit: $(STAMP) browser
 	MRTPO_REQUIRE_TRITON_INTERPRETER=1 $(PY) -m pytest
+
+## Whole verl training runs too long for make test (one MRTPO step through verl's tool agent loop, CPU).
+e2e: $(STAMP)
+	$(PY) -m pytest -m end_to_end
 
 ## Debian's Chromium for the page-rendering test (installed when missing and we are root, as in CI).
 browser:
