@@ -50,6 +50,7 @@ from mrtpo_verl.trainer.mrtpo_trainer import TRAINER_CLASSES
 from mrtpo_verl.trainer.replay_stage import ReplayStage
 from mrtpo_verl.workers.placement import InProcessBackend
 from tests.support.real_batch import INFO_KEYS, REWARD_KEYS, smollm2, spider_questions
+from tests.support.trainer_overrides import SEPARATE_ASYNC_RULES
 from tests.support.verl_layout import by_hand_relevance
 from tests.trainer.count_rows_tool import TOOL_NAME, tool_config
 
@@ -96,13 +97,7 @@ def run_config(estimator: str, mode: str, model_dir: Path, tools: Path) -> Any:
         "actor_rollout_ref.rollout.multi_turn.format=hermes",
         f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={MAX_ASSISTANT_TURNS}",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
-        # separate_async's own rules (verl asserts them in __init__): 2 prompts = 2 mini-steps x 1 prompt.
-        "data.train_batch_size=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-        "trainer.v1.separate_async.parameter_sync_step=2",
-        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
-        "actor_rollout_ref.rollout.nnodes=1",
-        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        *SEPARATE_ASYNC_RULES,
     ]
     with initialize_config_module(config_module="mrtpo_verl.configs", version_base=None):
         return compose(config_name="mrtpo_trainer", overrides=overrides)
