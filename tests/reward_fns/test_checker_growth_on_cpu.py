@@ -28,6 +28,7 @@ from reward_fns import dispatch
 from reward_fns.instruction_following import verifier as if_verifier
 from reward_fns.instruction_following.checkers import UNSUPPORTED, UnsupportedConstraintError
 from reward_fns.instruction_following.data import BENCHMARK_FILES, load_benchmark, parse_ground_truth
+from reward_fns.process_pool.deadline import DEFAULT_TIMEOUT_S
 from reward_fns.process_pool.pool import close_shared_pool, shared_pool
 from reward_fns.tool_calling import verifier as tool_verifier
 from reward_fns.tool_calling.bfcl_data import AST_CATEGORIES, load_bfcl_category
@@ -40,8 +41,11 @@ NOISE_FLOOR_S = 0.05
 DEADLINE_S = 1.0
 INLINE_BUDGET_S = 0.05  # a hundredth of the default deadline
 # Instruction following's in-thread checks, in CPU seconds of the checking thread (a loaded machine
-# stretches wall time, not the check's own work): the slowest measured is about 40 ms.
-IF_INLINE_CPU_BUDGET_S = 0.1
+# stretches wall time, not the check's own work). An in-thread check has no deadline, so what this guards is
+# that it stays far under the deadline the pool would have enforced: a twentieth of the default. It is a bound
+# on blocking, not a speed target (the speeds are `benchmarks.reward_throughput --tables inline`'s figures, and
+# they differ by CPU); a check gone quadratic at the limit, or a limit raised past what its checks allow, breaks it.
+IF_INLINE_CPU_BUDGET_S = DEFAULT_TIMEOUT_S / 20
 DEADLINE_MARGIN_S = 0.5
 
 GROWN = settings(
