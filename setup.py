@@ -41,6 +41,8 @@ setup(
         "emoji",
         "syllapy",
         "absl-py",
+        # the plugin's post-import hooks (verl's own resolution already holds it)
+        "wrapt",
     ],
     extras_require={
         # matplotlib: the plots of python -m benchmarks.learning (its smoke test runs in make test)

@@ -853,6 +853,19 @@ def test_registry_functions_and_grpo_helper_signature() -> None:
     assert core_algos.get_adv_estimator_fn("mrtpo") is compute_mrtpo_outcome_advantage
 
 
+def test_the_registry_modules_the_plugin_waits_for_hold_each_registry_and_its_look_up() -> None:
+    """compat.verl_registries: the plugin registers when these modules finish importing, so each must define
+    both the register call and the look-up that reads the registry."""
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from mrtpo_verl.compat.verl_registries import ESTIMATOR_REGISTRY_MODULE, TRAINER_REGISTRY_MODULE
+
+    assert core_algos.__name__ == ESTIMATOR_REGISTRY_MODULE and trainer_base.__name__ == TRAINER_REGISTRY_MODULE
+    assert {"register_adv_est", "get_adv_estimator_fn", "ADV_ESTIMATOR_REGISTRY"} <= set(vars(core_algos))
+    assert {"register_trainer", "get_trainer_cls", "TRAINER_REGISTRY"} <= set(vars(trainer_base))
+    assert trainer_base.get_trainer_cls("mrtpo_sync").__module__ == "mrtpo_verl.trainer.mrtpo_trainer"
+
+
 def test_gdpo_reads_its_reward_keys_and_weights_from_algo_config() -> None:
     source = inspect.getsource(core_algos.compute_gdpo_outcome_advantage)
     assert 'config.get("gdpo_reward_keys", None)' in source

@@ -34,6 +34,30 @@ def test_plugins_disabled_means_no_mrtpo() -> None:
     assert "Unknown advantage estimator simply: mrtpo" in result.stderr
 
 
+def test_import_verl_alone_loads_neither_our_estimator_nor_verls_trainer_stack() -> None:
+    """A process that only imports verl (a rollout server, a reward worker) pays nothing for the plugin;
+    the registrations happen when verl's registry modules are imported, and only then."""
+    result = run_python(
+        textwrap.dedent(
+            """
+            import sys
+            import verl
+            print(sorted(m for m in sys.modules if m.startswith("mrtpo_verl")))
+            print("verl.trainer.ppo.core_algos" in sys.modules, "verl.trainer.ppo.v1.trainer_base" in sys.modules)
+            from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+            print(get_trainer_cls("mrtpo_separate_async").__module__)
+            from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+            print(get_adv_estimator_fn("mrtpo").__module__)
+            """
+        )
+    )
+    assert result.returncode == 0, result.stderr
+    loaded, registries, trainer, estimator = result.stdout.splitlines()[-4:]
+    assert loaded == "['mrtpo_verl', 'mrtpo_verl.compat', 'mrtpo_verl.compat.verl_registries', 'mrtpo_verl.plugin']"
+    assert registries == "False False"
+    assert (trainer, estimator) == ("mrtpo_verl.trainer.mrtpo_trainer", "mrtpo_verl.estimator")
+
+
 def test_broken_install_fails_loudly() -> None:
     """Simulate a broken install: a module our estimator imports cannot be imported.
 

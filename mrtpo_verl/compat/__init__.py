@@ -6,6 +6,8 @@ module                   what it wraps
 ``compat.verl``          verl 0.9.1's v1 trainer internals (the advantage step's body, ``trainer_mode``,
                          the role → worker-class mapping, π_old parking), the FSDP actor engine's
                          attributes, and its weight export
+``compat.verl_registries`` the modules that hold verl's estimator and trainer registries (names only,
+                         imports nothing: the plugin waits for them)
 ``compat.transfer_queue`` the TransferQueue batch verl's v1 trainers keep (row keys, tags, non-tensor
                          fields, the reward function's ``reward_extra_info``)
 ``compat.transformers``  the ``DynamicCache`` layout a shared prefix's key/value cache is kept in
