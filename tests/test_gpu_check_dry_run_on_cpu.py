@@ -194,3 +194,19 @@ def test_the_stage_budgets_fit_the_lease(mode: str) -> None:
     assert planned, mode
     assert sum(stage.budget_s for stage in planned) <= gpu_check.LIMITS[mode] <= 600
     assert gpu_check.LIMITS["full"] <= 8 * 60 and gpu_check.LIMITS["quick"] <= 3 * 60
+
+
+def test_the_gpu_checks_engine_options_compose_on_verls_config(tmp_path) -> None:
+    """benchmarks.gpu_engine_options (the GPU rows, run by benchmarks.gpu_check): every option set composes into
+    verl's actor config with its values, so the first GPU run does not stop on an override."""
+    from omegaconf import OmegaConf
+
+    from benchmarks.gpu_engine_options import OPTIONS
+    from mrtpo_cpu.launch import compose_actor_config
+
+    for options, *_ in OPTIONS.values():
+        config = compose_actor_config(tmp_path / "model", 1, options)
+        for option in options:
+            field, value = option.lstrip("+").split("=", 1)
+            selected = OmegaConf.select(config, field.removeprefix("actor_rollout_ref."))
+            assert str(selected).lower() == value.lower(), option

@@ -96,22 +96,6 @@ def test_options_start_up_does_not_check_are_let_through_and_change_nothing(over
     assert mrtpo == plain_block
 
 
-def test_the_gpu_checks_engine_options_compose_on_verls_config(tmp_path) -> None:
-    """benchmarks.gpu_engine_options (the GPU rows, run by benchmarks.gpu_check): every option set composes into
-    verl's actor config with its values, so the first GPU run does not stop on an override."""
-    from omegaconf import OmegaConf
-
-    from benchmarks.gpu_engine_options import OPTIONS
-    from mrtpo_cpu.launch import compose_actor_config
-
-    for options, *_ in OPTIONS.values():
-        config = compose_actor_config(tmp_path / "model", 1, options)
-        for option in options:
-            field, value = option.lstrip("+").split("=", 1)
-            selected = OmegaConf.select(config, field.removeprefix("actor_rollout_ref."))
-            assert str(selected).lower() == value.lower(), option
-
-
 def test_a_sequence_parallel_size_that_is_not_an_integer_is_one_line() -> None:
     from mrtpo_verl.startup import validate_run_config
 
