@@ -1,7 +1,7 @@
 """The replay's compute dtypes at long contexts: a response beyond position 4,096 on the real SmolLM2-135M-Instruct.
 
 One real Spider replay (worked Spider examples as the long prompt, three verifier blocks, the reference query as the
-response; ``benchmarks.replay_numerics.long_context_item``) through the public ``ReplayScorer`` in fp16 (emulated:
+response; ``mrtpo_verl.analysis.long_context.long_context_item``) through the public ``ReplayScorer`` in fp16 (emulated:
 this CPU has no fp16 unit), tf32 (emulated: ``emulated_products()``) and fp32 under an outer bf16 autocast (as verl's
 engine forward sets one), each against the float32 model computed in IEEE float32. The goal the replay is held to is
 max |Δq| ≤ 0.01 per row; rounding the rotary embedding's positions to fp16 or TF32 breaks it by far at these positions.
@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.replay_numerics import agreement, agreement_rows, long_context_item, long_context_relevance
+from mrtpo_verl.analysis.agreement import agreement, agreement_rows
+from mrtpo_verl.analysis.long_context import long_context_item, long_context_relevance
 
 pytestmark = pytest.mark.slow
 
