@@ -3,7 +3,7 @@
 ``setup.py`` declares this module in verl's ``verl.plugins`` entry-point group, which ``import verl``
 loads in every process (driver and Ray workers). Most of those processes (rollout servers, reward and
 agent-loop workers) never look up an estimator or a trainer, and importing ours would pull verl's
-trainer stack into each of them, about doubling the cost of ``import verl``. So nothing is imported
+trainer stack into each of them (the cost: docs/performance.md). So nothing is imported
 here: a post-import hook (``wrapt.register_post_import_hook``) registers the estimator when verl's
 estimator registry module finishes importing, and the trainers when its trainer registry module does
 (module names: :mod:`mrtpo_verl.compat.verl_registries`). Each look-up function lives in the module
