@@ -50,37 +50,6 @@ def make_grouped_batch(
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
 
-#: Test modules that take minutes (whole verl trainer runs, Ray worker groups, long-context replays), longest first
-#: as ``pytest --durations=0`` measured them on 2 cores. ``make test`` gives whole modules to two workers in
-#: collection order (``--dist loadfile --no-loadscope-reorder``), so these go first and the short ones fill in
-#: behind them: both workers then finish together. A module not listed runs in its usual order, after these.
-LONGEST_MODULES_FIRST = (
-    "tests/cpu_run/test_async_trainer_on_cpu.py",
-    "tests/cpu_run/test_verl_trainer_on_cpu.py",
-    "tests/cpu_run/test_separate_async_trainer_on_cpu.py",
-    "tests/test_learning_smoke_on_cpu.py",
-    "tests/recipes/test_recipes_dry_run_on_cpu.py",
-    "tests/replay/test_prefix_sharing_on_cpu.py",
-    "tests/replay/test_long_context_compute_on_cpu.py",
-    "tests/trainer/test_colocated_engine_options_on_cpu.py",
-    "tests/test_cli_mistakes_on_cpu.py",
-    "tests/trainer/test_replay_audit_on_cpu.py",
-    "tests/trainer/test_two_node_replay_on_cpu.py",
-    "tests/trainer/test_colocated_replay_on_cpu.py",
-    "tests/demo/test_demo_on_cpu.py",
-    "tests/trainer/test_multi_turn_advantage_step_on_cpu.py",
-    "tests/replay/test_float32_compute_on_cpu.py",
-    "tests/replay/test_replay_numerics_on_cpu.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the modules of :data:`LONGEST_MODULES_FIRST` first, in that order; every module's tests stay together
-    and in their own order (a stable sort on the module's rank)."""
-    rank = {path: index for index, path in enumerate(LONGEST_MODULES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
-
-
 @pytest.fixture
 def grouped_batch() -> DataProto:
     return make_grouped_batch(seed=0)
