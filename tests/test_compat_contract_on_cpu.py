@@ -853,6 +853,7 @@ def test_registry_functions_and_grpo_helper_signature() -> None:
     assert core_algos.get_adv_estimator_fn("mrtpo") is compute_mrtpo_outcome_advantage
 
 
+@covers("verl_registries.ESTIMATOR_REGISTRY_MODULE", "verl_registries.TRAINER_REGISTRY_MODULE")
 def test_the_registry_modules_the_plugin_waits_for_hold_each_registry_and_its_look_up() -> None:
     """compat.verl_registries: the plugin registers when these modules finish importing, so each must define
     both the register call and the look-up that reads the registry."""

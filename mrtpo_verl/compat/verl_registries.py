@@ -18,6 +18,8 @@ module finishes importing precedes every look-up. verl's open PR 7237 moves ``co
 
 from __future__ import annotations
 
+__all__ = ["ESTIMATOR_REGISTRY_MODULE", "TRAINER_REGISTRY_MODULE"]
+
 ESTIMATOR_REGISTRY_MODULE = "verl.trainer.ppo.core_algos"
 """Module that defines ``register_adv_est`` and ``get_adv_estimator_fn`` (verl 0.9.1)."""
 
