@@ -90,6 +90,25 @@ def test_broken_install_fails_loudly() -> None:
     assert "could not be loaded" in result.stdout and "ModuleNotFoundError" in result.stdout
 
 
+def test_a_trainer_that_cannot_be_imported_is_logged_when_verls_trainer_registry_loads() -> None:
+    """The trainers register when verl's trainer registry module is imported; a failure there is logged at ERROR
+    with its cause (verl's own look-up then names the modes it has)."""
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["mrtpo_verl.trainer.advantage_step"] = None  # makes `import` of it raise ImportError
+        import verl
+        from verl.trainer.ppo.v1 import trainer_base
+        print(sorted(name for name in trainer_base.TRAINER_REGISTRY if name.startswith("mrtpo_")))
+        """
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert "mrtpo-verl plugin failed to load" in result.stderr
+    assert "mrtpo_verl.trainer.advantage_step" in result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
 @pytest.mark.slow
 def test_ray_actor_finds_mrtpo() -> None:
     """A Ray worker process imports verl on its own; the entry point registers mrtpo there too."""

@@ -4,16 +4,16 @@ Importing this module imports nothing of verl: the plugin (:mod:`mrtpo_verl.plug
 modules instead of importing them, so a process that never looks up an estimator or a trainer does
 not pay for verl's trainer stack.
 
-=================================  =================================================================
-module                             registry (and the look-up that reads it, defined in the same module)
-=================================  =================================================================
-``verl.trainer.ppo.core_algos``    ``register_adv_est`` → ``ADV_ESTIMATOR_REGISTRY`` (``get_adv_estimator_fn``)
-``verl.trainer.ppo.v1.trainer_base`` ``register_trainer`` → ``TRAINER_REGISTRY`` (``get_trainer_cls``)
-=================================  =================================================================
+====================================  ==============================================================
+module                                registry (and the look-up that reads it, in the same module)
+====================================  ==============================================================
+``verl.trainer.ppo.core_algos``       ``register_adv_est`` → ``ADV_ESTIMATOR_REGISTRY`` (``get_adv_estimator_fn``)
+``verl.trainer.ppo.v1.trainer_base``  ``register_trainer`` → ``TRAINER_REGISTRY`` (``get_trainer_cls``)
+====================================  ==============================================================
 
 Because each look-up lives in the module that holds its registry, a registration made the moment the
-module finishes importing precedes every look-up. verl's open PR 7237 moves ``compute_advantage`` to
-``trainer_utils`` but leaves the estimator registry in ``core_algos``.
+module finishes importing precedes every look-up. ``tests/test_compat_contract_on_cpu.py`` fails when either
+registry or its look-up leaves its module.
 """
 
 from __future__ import annotations
