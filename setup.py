@@ -43,6 +43,8 @@ setup(
         "absl-py",
         # the plugin's post-import hooks (verl's own resolution already holds it)
         "wrapt",
+        # the lock of the embedded model's conversion cache (verl's own resolution already holds it)
+        "filelock",
     ],
     extras_require={
         # matplotlib: the plots of python -m benchmarks.learning (its smoke test runs in make test)

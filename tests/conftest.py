@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import numpy as np
@@ -9,7 +12,31 @@ import pytest
 import torch
 from verl import DataProto
 
+from mrtpo_verl.replay.embedded_cache import CACHE_DIR_ENV
 from tests.support.temp_files import checkpoint_locks, remove_unheld_locks
+
+#: The session's model-cache folder and the variable's value before the session.
+_SESSION_CACHE = pytest.StashKey[tuple[str, "str | None"]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's own model cache: converted once per session, never read from or written to the user's.
+
+    Set in the environment before any test starts a process, so every subprocess and every Ray worker of
+    the session (they inherit it) reads the one converted embedded model.
+    """
+    folder = tempfile.mkdtemp(prefix="mrtpo-test-cache-")
+    config.stash[_SESSION_CACHE] = (folder, os.environ.get(CACHE_DIR_ENV))
+    os.environ[CACHE_DIR_ENV] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder, previous = config.stash[_SESSION_CACHE]
+    shutil.rmtree(folder, ignore_errors=True)
+    if previous is None:
+        os.environ.pop(CACHE_DIR_ENV, None)
+    else:
+        os.environ[CACHE_DIR_ENV] = previous
 
 
 def make_grouped_batch(

