@@ -34,6 +34,9 @@ from reward_fns.tool_calling import verifier as tool_verifier
 from reward_fns.tool_calling.bfcl_data import AST_CATEGORIES, load_bfcl_category
 from reward_fns.total import MAX_RESPONSE_CHARS
 
+# Bounds on wall or CPU time: run alone, after the two-worker part of `make test` (Makefile).
+pytestmark = pytest.mark.serial
+
 SMALL_CHARS = 4 * 1024
 GROWTH = 8  # the large response is this many times the small one
 GROWTH_SLACK = 3.0  # linear-ish: up to 3x the proportional time (caches, allocator, a busy machine)

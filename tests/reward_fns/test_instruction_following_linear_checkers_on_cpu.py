@@ -17,6 +17,9 @@ from hypothesis import strategies as st
 
 from reward_fns.instruction_following.checkers import checker_registry
 
+# Bounds on wall or CPU time: run alone, after the two-worker part of `make test` (Makefile).
+pytestmark = pytest.mark.serial
+
 # ifbench is imported offline by the registry; the rewrites subclass its checkers, so they come after.
 checker_registry()
 REWRITES: dict[str, type] = importlib.import_module("reward_fns.instruction_following.linear_checkers").REWRITES

@@ -13,6 +13,9 @@ from reward_fns.text_to_sql import BUNDLED_DB_ROOT, compute_score
 from reward_fns.text_to_sql.limits import MAX_PAREN_DEPTH, paren_depth, response_problem, sql_problem
 from reward_fns.text_to_sql.parse import extract_query, find_fenced_blocks
 
+# Bounds on wall or CPU time: run alone, after the two-worker part of `make test` (Makefile).
+pytestmark = pytest.mark.serial
+
 SINGER_COUNT_GROUND_TRUTH = {"sql": "SELECT count(*) FROM singer", "db_id": "concert_singer"}
 
 

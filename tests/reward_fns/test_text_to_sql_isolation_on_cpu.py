@@ -27,6 +27,9 @@ from reward_fns.text_to_sql import BUNDLED_DB_ROOT, REWARD_KEYS, compute_score
 from reward_fns.text_to_sql.isolation import TASKS_MODULE, Isolation
 from reward_fns.total import RewardConfigError
 
+# Bounds on wall or CPU time: run alone, after the two-worker part of `make test` (Makefile).
+pytestmark = pytest.mark.serial
+
 DEADLINE_S = 1.0
 # A hostile response costs at most its deadline plus half a second.
 WALL_MARGIN_S = 0.5

@@ -15,6 +15,9 @@ import pytest
 from reward_fns.text_to_sql import BUNDLED_DB_ROOT, compute_score
 from reward_fns.text_to_sql.sandbox import QueryError, ReadOnlyDatabase, database_for_thread
 
+# Bounds on wall or CPU time: run alone, after the two-worker part of `make test` (Makefile).
+pytestmark = pytest.mark.serial
+
 DEADLINE_S = 0.5
 # Slack for scheduling on a busy 2-core machine; the interrupt itself lands within milliseconds.
 DEADLINE_MARGIN_S = 0.5
