@@ -30,6 +30,7 @@ from mrtpo_verl.config import CPU_REPLAY_BUDGETS
 
 __all__ = [
     "CPU_ENV",
+    "RUN_ENV",
     "apply_cpu_env",
     "compose_actor_config",
     "cpu_overrides",
@@ -46,14 +47,22 @@ BACKEND_ROOT = str(Path(__file__).resolve().parent.parent)
 CPU_ENV = {
     "VERL_PLATFORM": "cpu",
     "PYTHONPATH": os.pathsep.join(p for p in (BACKEND_ROOT, os.environ.get("PYTHONPATH", "")) if p),
-    # mrtpo_trainer: registers trainer.v1.trainer_mode=mrtpo_sync in every process (the verl.plugins
-    # entry point registers only the estimator, so verl's TaskRunnerV1 would not find the trainer).
-    "VERL_USE_EXTERNAL_MODULES": "mrtpo_cpu.register,mrtpo_verl.trainer.mrtpo_trainer",
+    # The CPU backend only: the plugin (verl.plugins entry point) registers the estimator and the mrtpo_<mode>
+    # trainers itself, when verl's registry modules are imported (mrtpo_verl/plugin.py).
+    "VERL_USE_EXTERNAL_MODULES": "mrtpo_cpu.register",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "OMP_NUM_THREADS": "1",
 }
+
+
+#: The driver's environment additions of a :func:`run_main_ppo` run. ``RAY_ADDRESS=local``: the run starts
+#: its own Ray cluster, also beside another run, instead of joining the cluster last started by ``ray start``
+#: (Ray reads ``/tmp/ray/ray_current_cluster``) and refusing the run's resources there. Ray's memory monitor
+#: is off: it kills a cluster's workers when the *machine's* memory passes 95%, so another process's memory
+#: could stop this run's workers; the kernel's OOM killer still guards the machine.
+RUN_ENV = {"RAY_ADDRESS": "local", "RAY_memory_monitor_refresh_ms": "0"}
 
 
 def apply_cpu_env() -> None:
@@ -246,7 +255,13 @@ def run_main_ppo(
     raises :class:`subprocess.TimeoutExpired` (a hang fails instead of blocking).
     """
     out_dir.mkdir()
-    env = {**os.environ, **CPU_ENV, "VERL_FILE_LOGGER_PATH": str(out_dir / "metrics.jsonl"), **(env_extra or {})}
+    env = {
+        **os.environ,
+        **CPU_ENV,
+        **RUN_ENV,
+        "VERL_FILE_LOGGER_PATH": str(out_dir / "metrics.jsonl"),
+        **(env_extra or {}),
+    }
     log_path = out_dir / "log.txt"
     with log_path.open("w") as log:
         result = subprocess.run(

@@ -161,7 +161,7 @@ def run_env(preset: Preset) -> dict[str, str]:
     run then waits for them until its time limit. The kernel's OOM killer still guards the machine.
     """
     if preset.device == "cpu":
-        from mrtpo_cpu.launch import CPU_ENV
+        from mrtpo_cpu.launch import CPU_ENV, RUN_ENV
 
-        return {**CPU_ENV, **LOCAL_RAY, "RAY_memory_monitor_refresh_ms": "0"}
+        return {**CPU_ENV, **RUN_ENV}  # RUN_ENV holds RAY_ADDRESS=local and the memory monitor's switch
     return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **LOCAL_RAY}
