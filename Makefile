@@ -42,8 +42,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy mrtpo_verl/math
 
+# Two pytest workers, each taking whole modules (a module's fixtures are built once) in collection order, the
+# longest first (tests/conftest.py), then the modules that bound wall or CPU time (marked serial), alone.
+# -m replaces pyproject's -m, so end_to_end is deselected again here.
 unit: $(STAMP) browser
-	MRTPO_REQUIRE_TRITON_INTERPRETER=1 $(PY) -m pytest
+	MRTPO_REQUIRE_TRITON_INTERPRETER=1 $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not end_to_end and not serial"
+	MRTPO_REQUIRE_TRITON_INTERPRETER=1 $(PY) -m pytest -m "serial and not end_to_end"
 
 ## Whole verl training runs too long for make test (one MRTPO step through verl's tool agent loop, CPU).
 e2e: $(STAMP)

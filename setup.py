@@ -48,7 +48,7 @@ setup(
     ],
     extras_require={
         # matplotlib: the plots of python -m benchmarks.learning (its smoke test runs in make test)
-        "test": ["pytest", "pytest-timeout", "hypothesis", "scipy", "ruff", "mypy", "matplotlib"],
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "scipy", "ruff", "mypy", "matplotlib"],
     },
     entry_points={
         # Loaded by every `import verl` (driver and Ray workers): registers adv_estimator=mrtpo.
