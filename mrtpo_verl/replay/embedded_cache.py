@@ -2,9 +2,10 @@
 
 transformers converts a GGUF file on every load: it rebuilds the tokenizer from the file's vocabulary
 and merges and dequantises every weight, which costs far more CPU than reading the same model from an HF
-folder. :func:`embedded_model_folder` does the conversion once per machine (per cache folder) and hands
-back the folder: float32 weights exactly as the conversion gave them, the config, the generation config
-and the tokenizer with the loader's special-token fixes already applied.
+folder. :func:`cached_folder` (called by :func:`~mrtpo_verl.replay.model_loading.load_causal_lm` for the
+embedded model) has the conversion done once per cache folder and hands back the folder: float32 weights
+exactly as the conversion gave them, the config, the generation config and the tokenizer with the loader's
+special-token fixes already applied.
 
 Where: ``$MRTPO_CACHE_DIR``, else ``$XDG_CACHE_HOME/mrtpo-verl``, else ``~/.cache/mrtpo-verl``; one
 sub-folder per key, the key being a digest of the GGUF file's bytes, the transformers version and
@@ -62,7 +63,7 @@ def cached_folder(key: str, build: Callable[[Path], object]) -> Path | None:
 
     ``build`` writes into the (empty, temporary) folder it is given. Under the lock a second caller finds
     the folder the first one renamed into place and does not build. A cache root that cannot be created
-    or locked is logged once at WARNING and gives None (the caller then works without the cache); an error
+    or locked is logged at WARNING and gives None (the caller then works without the cache); an error
     raised by ``build`` itself propagates (a broken conversion is not hidden behind a fallback).
     """
     from filelock import FileLock, Timeout
