@@ -13,7 +13,7 @@ Everything goes through verl's own extension points; no verl file is edited and 
 - training engine: verl's own ``FSDPEngineWithLMHead`` (FSDP2 on gloo) registered in verl's ``EngineRegistry``
   for device ``cpu`` as well (verl registers it for cuda/npu only);
 - rollout: an HF-transformers server (:mod:`mrtpo_cpu.rollout`) in verl's ``RolloutReplicaRegistry`` and, through
-  :func:`mrtpo_verl.compat.verl.register_rollout_adapter` (verl's adapter registry is private), under ``hf``;
+  :func:`mrtpo_verl.compat.verl_registries.register_rollout_adapter` (verl's adapter registry is private), under ``hf``;
 - checkpoint engine: ``gloo`` (:mod:`mrtpo_cpu.gloo_checkpoint_engine`) in verl's ``CheckpointEngineRegistry``.
 
 It registers itself only when a run asks for it: :data:`mrtpo_cpu.launch.CPU_ENV` names

@@ -19,7 +19,7 @@ def register_cpu_engines() -> None:
     from verl.workers.engine import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
-    from mrtpo_verl.compat.verl import engine_registered
+    from mrtpo_verl.compat.verl_registries import engine_registered
 
     for model_type, engine_cls in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
         for backend in ("fsdp", "fsdp2"):

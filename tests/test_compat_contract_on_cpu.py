@@ -440,12 +440,12 @@ def test_actor_dtype_defaults_to_bf16_as_verls_fsdp_engine() -> None:
     assert actor_param_dtype(config({"param_dtype": "fp32"})) == torch.float32
 
 
-@covers("verl.engine_registered", "verl.register_rollout_adapter")
+@covers("verl_registries.engine_registered", "verl_registries.register_rollout_adapter")
 def test_cpu_engine_and_rollout_registrations() -> None:
     from verl.workers.rollout.base import get_rollout_class
 
     from mrtpo_cpu.engine import register_cpu_engines
-    from mrtpo_verl.compat.verl import engine_registered, register_rollout_adapter
+    from mrtpo_verl.compat.verl_registries import engine_registered, register_rollout_adapter
 
     register_cpu_engines()
     assert engine_registered("language_model", "fsdp2", "cpu")
@@ -865,6 +865,32 @@ def test_the_registry_modules_the_plugin_waits_for_hold_each_registry_and_its_lo
     assert {"register_adv_est", "get_adv_estimator_fn", "ADV_ESTIMATOR_REGISTRY"} <= set(vars(core_algos))
     assert {"register_trainer", "get_trainer_cls", "TRAINER_REGISTRY"} <= set(vars(trainer_base))
     assert trainer_base.get_trainer_cls("mrtpo_sync").__module__ == "mrtpo_verl.trainer.mrtpo_trainer"
+
+
+@covers(
+    "verl_registries.ENGINE_REGISTRY_MODULE",
+    "verl_registries.CHECKPOINT_ENGINE_REGISTRY_MODULE",
+    "verl_registries.ROLLOUT_REPLICA_REGISTRY_MODULE",
+    "verl_registries.ROLLOUT_ADAPTER_REGISTRY_MODULE",
+)
+def test_the_registry_modules_the_cpu_backend_waits_for_hold_each_registry_and_its_look_up() -> None:
+    """The CPU backend registers when these modules finish importing: each must hold its registry and look-up
+    (the two packages import them in their own ``__init__``, which runs before any import of a submodule)."""
+    from verl import checkpoint_engine, workers
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout import replica
+
+    from mrtpo_verl.compat import verl_registries as names
+
+    engine = workers.engine
+    assert engine.__name__ == names.ENGINE_REGISTRY_MODULE and hasattr(engine.EngineRegistry, "get_engine_cls")
+    assert engine.FSDPEngineWithLMHead is FSDPEngineWithLMHead
+    assert checkpoint_engine.__name__ == names.CHECKPOINT_ENGINE_REGISTRY_MODULE
+    assert hasattr(checkpoint_engine.CheckpointEngineRegistry, "new")
+    assert replica.__name__ == names.ROLLOUT_REPLICA_REGISTRY_MODULE and hasattr(replica.RolloutReplicaRegistry, "get")
+    assert rollout_base.__name__ == names.ROLLOUT_ADAPTER_REGISTRY_MODULE
+    assert {"_ROLLOUT_REGISTRY", "get_rollout_class"} <= set(vars(rollout_base))
 
 
 def test_gdpo_reads_its_reward_keys_and_weights_from_algo_config() -> None:

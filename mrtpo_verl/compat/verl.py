@@ -41,7 +41,6 @@ __all__ = [
     "engine_device",
     "engine_full_weights",
     "engine_module",
-    "engine_registered",
     "engine_reshard_after_forward",
     "engine_tokenizer",
     "engine_ulysses_size",
@@ -51,7 +50,6 @@ __all__ = [
     "is_lora_or_qat",
     "mesh_dispatch_with_collect",
     "pi_old_weights",
-    "register_rollout_adapter",
     "replace_actor_worker_classes",
     "rollout_bypass_mode",
 ]
@@ -329,27 +327,6 @@ def hf_state_dict(module: Any, wrapped: Any) -> dict[str, Any]:
     from verl.utils.model import convert_weight_keys
 
     return convert_weight_keys(module.state_dict(), wrapped)  # type: ignore[no-any-return]
-
-
-def engine_registered(model_type: str, backend: str, device: str) -> bool:
-    """Whether verl's ``EngineRegistry`` holds an engine for (model type, backend, device).
-
-    Relies on: verl 0.9.1's ``EngineRegistry._engines[model_type][backend][device]``.
-    """
-    from verl.workers.engine import EngineRegistry
-
-    return device in EngineRegistry._engines.get(model_type, {}).get(backend, {})
-
-
-def register_rollout_adapter(name: str, mode: str, dotted_class: str) -> None:
-    """Map rollout ``name`` in ``mode`` to a server-adapter class (``package.module.Class``).
-
-    Relies on: verl 0.9.1's ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` ((name, mode) → dotted path), which
-    has no register function.
-    """
-    from verl.workers.rollout import base as rollout_base
-
-    rollout_base._ROLLOUT_REGISTRY[(name, mode)] = dotted_class
 
 
 def actor_param_dtype(config: Any) -> torch.dtype:

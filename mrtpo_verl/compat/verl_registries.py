@@ -1,27 +1,77 @@
-"""Where verl 0.9.1 keeps the two registries the plugin writes into, by module name only.
+"""Where verl 0.9.1 keeps the registries we write into, by module name, and two writes with no public API.
 
-Importing this module imports nothing of verl: the plugin (:mod:`mrtpo_verl.plugin`) waits for these
-modules instead of importing them, so a process that never looks up an estimator or a trainer does
-not pay for verl's trainer stack.
+Importing this module imports nothing of verl: the plugin (:mod:`mrtpo_verl.plugin`) and the CPU backend
+(:mod:`mrtpo_cpu.register`) wait for these modules instead of importing them (post-import hooks), so a process
+that never looks something up in a registry does not pay for importing it.
 
-====================================  ==============================================================
-module                                registry (and the look-up that reads it, in the same module)
-====================================  ==============================================================
-``verl.trainer.ppo.core_algos``       ``register_adv_est`` → ``ADV_ESTIMATOR_REGISTRY`` (``get_adv_estimator_fn``)
-``verl.trainer.ppo.v1.trainer_base``  ``register_trainer`` → ``TRAINER_REGISTRY`` (``get_trainer_cls``)
-====================================  ==============================================================
+=======================================  ============================================================================
+module                                   registry (and the look-up that reads it, reached only through this module)
+=======================================  ============================================================================
+``verl.trainer.ppo.core_algos``          ``register_adv_est`` → ``ADV_ESTIMATOR_REGISTRY`` (``get_adv_estimator_fn``)
+``verl.trainer.ppo.v1.trainer_base``     ``register_trainer`` → ``TRAINER_REGISTRY`` (``get_trainer_cls``)
+``verl.workers.engine``                  ``EngineRegistry`` (``get_engine_cls``), with verl's FSDP engine classes
+``verl.checkpoint_engine``               ``CheckpointEngineRegistry`` (``get``, ``new``)
+``verl.workers.rollout.replica``         ``RolloutReplicaRegistry`` (``get``)
+``verl.workers.rollout.base``            ``_ROLLOUT_REGISTRY`` (``get_rollout_class``)
+=======================================  ============================================================================
 
-Because each look-up lives in the module that holds its registry, a registration made the moment the
-module finishes importing precedes every look-up. ``tests/test_compat_contract_on_cpu.py`` fails when either
-registry or its look-up leaves its module.
+Each look-up is defined in its module, or (the two packages) in a submodule that only the package's own
+``__init__`` imports first, so a registration made the moment the module finishes importing precedes every
+look-up. ``tests/test_compat_contract_on_cpu.py`` fails when a registry or its look-up leaves its module.
+
+Only the first two are the product's (the ``mrtpo`` estimator and the ``mrtpo_<mode>`` trainers); the other four
+are where the CPU backend registers verl's FSDP engine for ``cpu``, the ``hf`` rollout and the ``gloo``
+checkpoint engine.
 """
 
 from __future__ import annotations
 
-__all__ = ["ESTIMATOR_REGISTRY_MODULE", "TRAINER_REGISTRY_MODULE"]
+__all__ = [
+    "CHECKPOINT_ENGINE_REGISTRY_MODULE",
+    "ENGINE_REGISTRY_MODULE",
+    "ESTIMATOR_REGISTRY_MODULE",
+    "ROLLOUT_ADAPTER_REGISTRY_MODULE",
+    "ROLLOUT_REPLICA_REGISTRY_MODULE",
+    "TRAINER_REGISTRY_MODULE",
+    "engine_registered",
+    "register_rollout_adapter",
+]
 
 ESTIMATOR_REGISTRY_MODULE = "verl.trainer.ppo.core_algos"
 """Module that defines ``register_adv_est`` and ``get_adv_estimator_fn`` (verl 0.9.1)."""
 
 TRAINER_REGISTRY_MODULE = "verl.trainer.ppo.v1.trainer_base"
 """Module that defines ``register_trainer`` and ``get_trainer_cls`` for the v1 trainers (verl 0.9.1)."""
+
+ENGINE_REGISTRY_MODULE = "verl.workers.engine"
+"""Package whose ``__init__`` imports ``EngineRegistry`` (from ``.base``) and the FSDP engine classes (verl 0.9.1)."""
+
+CHECKPOINT_ENGINE_REGISTRY_MODULE = "verl.checkpoint_engine"
+"""Package whose ``__init__`` imports ``CheckpointEngineRegistry`` (from ``.base``) (verl 0.9.1)."""
+
+ROLLOUT_REPLICA_REGISTRY_MODULE = "verl.workers.rollout.replica"
+"""Module that defines ``RolloutReplicaRegistry`` (``register``, ``get``) (verl 0.9.1)."""
+
+ROLLOUT_ADAPTER_REGISTRY_MODULE = "verl.workers.rollout.base"
+"""Module that defines ``_ROLLOUT_REGISTRY`` and ``get_rollout_class`` (verl 0.9.1)."""
+
+
+def engine_registered(model_type: str, backend: str, device: str) -> bool:
+    """Whether verl's ``EngineRegistry`` holds an engine for (model type, backend, device).
+
+    Relies on: verl 0.9.1's ``EngineRegistry._engines[model_type][backend][device]``.
+    """
+    from verl.workers.engine import EngineRegistry
+
+    return device in EngineRegistry._engines.get(model_type, {}).get(backend, {})
+
+
+def register_rollout_adapter(name: str, mode: str, dotted_class: str) -> None:
+    """Map rollout ``name`` in ``mode`` to a server-adapter class (``package.module.Class``).
+
+    Relies on: verl 0.9.1's ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` ((name, mode) → dotted path), which
+    has no register function.
+    """
+    from verl.workers.rollout import base as rollout_base
+
+    rollout_base._ROLLOUT_REGISTRY[(name, mode)] = dotted_class
