@@ -65,9 +65,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 #: collection order (``--dist loadfile --no-loadscope-reorder``), so these go first and the short ones fill in
 #: behind them: both workers then finish together. A module not listed runs in its usual order, after these.
 LONGEST_MODULES_FIRST = (
-    "tests/cpu_run/test_verl_trainer_on_cpu.py",
     "tests/cpu_run/test_async_trainer_on_cpu.py",
     "tests/test_learning_smoke_on_cpu.py",
+    "tests/cpu_run/test_verl_trainer_on_cpu.py",
     "tests/cpu_run/test_separate_async_trainer_on_cpu.py",
     "tests/replay/test_prefix_sharing_on_cpu.py",
     "tests/replay/test_long_context_compute_on_cpu.py",

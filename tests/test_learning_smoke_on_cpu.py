@@ -69,6 +69,14 @@ def test_every_arm_trains_and_is_evaluated(smoke: tuple[Path, subprocess.Complet
             assert record["step_time_s"] > 0 and record["gen_s"] > 0 and record["update_actor_s"] > 0
             assert "entropy" in record and "kl_old" in record
         assert ("beta" in records[1]) == (arm == "mrtpo")
+        # What verl itself logged: every training step of verl's sync trainer (the default mode, mrtpo_sync)
+        # updated the actor, and only the mrtpo arm ran the replay stage. This is also the check that GDPO runs
+        # on our sync trainer (tests/cpu_run runs only MRTPO on it).
+        metrics_file = out / "runs" / arm / "seed0" / "attempt_0" / "metrics.jsonl"
+        logged = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+        trained = {entry["step"]: entry["data"] for entry in logged if "timing_s/update_actor" in entry["data"]}
+        assert sorted(trained) == [1, 2]
+        assert all(any(k.startswith("mrtpo/replay/") for k in data) == (arm == "mrtpo") for data in trained.values())
     # Same seed, same data: step 0 (before any update) is evaluated on identical weights, greedily.
     gdpo, mrtpo = records_of(out, "gdpo"), records_of(out, "mrtpo")
     assert gdpo[0]["eval"] == mrtpo[0]["eval"]
