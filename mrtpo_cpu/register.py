@@ -5,9 +5,9 @@ before any code asks for the platform, so the CPU platform is in ``PlatformRegis
 resolves one. With ``VERL_PLATFORM=cpu`` it also registers verl's FSDP engine for ``cpu``, the ``hf`` rollout
 and the ``gloo`` checkpoint engine (``separate_async``'s weight push to its standalone pool), each when verl's
 registry module for it finishes importing (``wrapt.register_post_import_hook``; the module names are in
-:mod:`mrtpo_verl.compat.verl_registries`), as the plugin registers the estimator and trainers. Importing them
-here instead cost every process of the run about 3 s of CPU (the FSDP engine, the checkpoint-engine package and
-what they import), also the TransferQueue, reward and rollout-server processes that never look one up.
+:mod:`mrtpo_verl.compat.verl_registries`), as the plugin registers the estimator and trainers: importing them
+here would import verl's FSDP engine and checkpoint-engine stack into every process of the run, also the
+TransferQueue, reward and rollout-server processes that never look one up (the cost: docs/performance.md).
 """
 
 from __future__ import annotations

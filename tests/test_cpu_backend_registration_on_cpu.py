@@ -2,8 +2,8 @@
 
 Every process of a CPU run imports :mod:`mrtpo_cpu.register` inside ``import verl``; most of them (TransferQueue
 storage, reward and agent-loop workers, rollout servers) never look up an engine, so the registrations must not
-import verl's engine or checkpoint-engine stack up front (about 3 s of CPU per process when they did). Each
-test runs in a fresh interpreter with the run's own environment (:data:`mrtpo_cpu.launch.CPU_ENV`).
+import verl's engine or checkpoint-engine stack up front. Each test runs in a fresh interpreter with the run's
+own environment (:data:`mrtpo_cpu.launch.CPU_ENV`).
 """
 
 from __future__ import annotations
