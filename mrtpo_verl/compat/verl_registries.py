@@ -15,9 +15,10 @@ module                                   registry (and the look-up that reads it
 ``verl.workers.rollout.base``            ``_ROLLOUT_REGISTRY`` (``get_rollout_class``)
 =======================================  ============================================================================
 
-Each look-up is defined in its module, or (the two packages) in a submodule that only the package's own
-``__init__`` imports first, so a registration made the moment the module finishes importing precedes every
-look-up. ``tests/test_compat_contract_on_cpu.py`` fails when a registry or its look-up leaves its module.
+Each look-up is defined in its module, so a registration made the moment the module finishes importing precedes
+every look-up. For the two packages, registry and look-up live in the package's ``base`` submodule, which the
+package's ``__init__`` imports: importing ``base`` from anywhere runs that ``__init__`` to its end first, and the
+hook fires there. ``tests/test_compat_contract_on_cpu.py`` fails when a registry or its look-up leaves its module.
 
 Only the first two are the product's (the ``mrtpo`` estimator and the ``mrtpo_<mode>`` trainers); the other four
 are where the CPU backend registers verl's FSDP engine for ``cpu``, the ``hf`` rollout and the ``gloo``
