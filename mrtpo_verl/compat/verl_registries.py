@@ -1,4 +1,4 @@
-"""Where verl 0.9.1 keeps the registries we write into, by module name, and two writes with no public API.
+"""Where verl 0.9.1 keeps the registries we write into, by module name, and the two registry accesses it has no API for.
 
 Importing this module imports nothing of verl: the plugin (:mod:`mrtpo_verl.plugin`) and the CPU backend
 (:mod:`mrtpo_cpu.register`) wait for these modules instead of importing them (post-import hooks), so a process

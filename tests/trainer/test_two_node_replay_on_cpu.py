@@ -63,11 +63,11 @@ def group(two_node_cluster):
 def test_one_worker_per_node_gives_the_in_process_relevance(group, two_node_cluster, monkeypatch) -> None:
     data = real_sql_batch()
     assert group.world_size == 2
-    # The state API is asked at this cluster's own address. RAY_ADDRESS overrides its address argument, and the
-    # session's RAY_ADDRESS=local makes it auto-detect, which fails with "multiple active Ray instances" whenever
-    # the other pytest worker runs a Ray instance of its own.
+    # The state API reads its address from RAY_ADDRESS before its address argument; the session's
+    # RAY_ADDRESS=local makes it auto-detect, which fails with "multiple active Ray instances" whenever the other
+    # pytest worker runs a Ray instance of its own. So RAY_ADDRESS names this cluster here.
     monkeypatch.setenv("RAY_ADDRESS", two_node_cluster.address)
-    alive = list_actors(address=two_node_cluster.address, filters=[("state", "=", "ALIVE")])
+    alive = list_actors(filters=[("state", "=", "ALIVE")])
     actors = [a for a in alive if a.class_name == "ReplayWorker"]
     assert len({a.node_id for a in actors}) == 2, "one replay worker on each node"
     assert all(a.name.startswith("mrtpo_replay") for a in actors), "shows as its own role in the dashboard"
